@@ -1,0 +1,3 @@
+"""Ecdysis: train the runtime harness of an LLM agent from recurring failures."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""The agent loop that drives harness layers, and the trajectory it records."""

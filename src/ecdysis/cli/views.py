@@ -1,0 +1,81 @@
+"""Terminal views (rich tables) of models, runs and evaluations. Views only read the store."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ..models.local_models import LocalModelSpec
+from ..runner.runner import EvalSummary
+from ..store import RunStore
+
+
+def models_table(console: Console, models: list[tuple[LocalModelSpec, bool]], where: Path) -> None:
+    table = Table(title=f"Local models ({where})")
+    for col in ("name", "description", "size", "present", "reference"):
+        table.add_column(col)
+    for spec, present in models:
+        table.add_row(spec.name, spec.description, f"{spec.size_mb} MB", "yes" if present else "no",
+                      f"local:{spec.name}")
+    console.print(table)
+
+
+def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -> None:
+    table = Table(title=f"Evaluation {s.eval_id} (run {run_id})", show_header=False)
+    table.add_column("metric")
+    table.add_column("value")
+    table.add_row("split / tasks / trials", f"{s.split} / {s.n_tasks} / {s.trials}")
+    table.add_row("accuracy", f"{s.accuracy:.3f}")
+    if s.trials > 1:
+        table.add_row(f"pass@{s.trials} / pass^{s.trials}", f"{s.pass_at_k:.3f} / {s.pass_hat_k:.3f}")
+    table.add_row("terminations", ", ".join(f"{k}={v}" for k, v in sorted(s.terminations.items())))
+    table.add_row("tokens (prompt + completion)", f"{s.prompt_tokens} + {s.completion_tokens}")
+    table.add_row("model calls (cache hits)", f"{s.model_calls} ({s.cache_hits})")
+    table.add_row("wall time (this invocation)", f"{s.wall_s:.1f}s")
+    table.add_row("model time (all episodes)", f"{s.model_time_s:.1f}s")
+    console.print(table)
+    console.print(f"[dim]stored in {run_dir}; `ecdysis show {run_id} --run-dir {run_dir}`[/]")
+
+
+def runs_table(console: Console, store: RunStore) -> None:
+    table = Table(title=f"Runs in {store.run_dir}")
+    for col in ("id", "kind", "status", "created", "evaluations"):
+        table.add_column(col)
+    for run in store.runs():
+        created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run["created"]))
+        table.add_row(run["id"], run["kind"], run["status"], created, str(len(store.evaluations(run["id"]))))
+    console.print(table)
+
+
+def _summary(row: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(row["summary"]) if row.get("summary") else {}
+
+
+def run_detail(console: Console, store: RunStore, run: dict[str, Any]) -> None:
+    console.print(f"[bold]{run['id']}[/] ({run['kind']}, {run['status']})")
+    table = Table(title="Evaluations")
+    for col in ("eval", "label", "harness", "split", "done/planned", "accuracy", "terminations", "tokens"):
+        table.add_column(col)
+    for ev in store.evaluations(run["id"]):
+        trajs = store.trajectories(ev["id"])
+        planned = ev["n_tasks"] * ev["trials"]
+        acc = sum(t.score for t in trajs) / len(trajs) if trajs else 0.0
+        terms: dict[str, int] = {}
+        for t in trajs:
+            terms[t.termination] = terms.get(t.termination, 0) + 1
+        tokens = sum(t.prompt_tokens + t.completion_tokens for t in trajs)
+        table.add_row(ev["id"], ev["label"] or "", ev["harness_id"][:8], ev["split"], f"{len(trajs)}/{planned}",
+                      f"{acc:.3f}", ", ".join(f"{k}={v}" for k, v in sorted(terms.items())), str(tokens))
+    console.print(table)
+    calls = Table(title="Model calls by role")
+    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "model time", "cost $"):
+        calls.add_column(col)
+    for row in store.call_totals(run["id"]):
+        calls.add_row(row["role"], str(row["calls"]), str(row["cache_hits"]), str(row["prompt_tokens"]),
+                      str(row["completion_tokens"]), f"{row['model_time_s'] or 0:.1f}s", f"{row['cost_usd'] or 0:.4f}")
+    console.print(calls)

@@ -1,0 +1,149 @@
+"""The typed configuration root, read from TOML with `section.key=value` overrides.
+
+Secrets never live here: a model's API key is read from the environment variable its settings
+name (`api_key_env`).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from .models.local_models import DEFAULT_LOCAL_MODEL
+from .models.registry import ModelSettings
+
+DEFAULT_MODEL = f"local:{DEFAULT_LOCAL_MODEL}"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class RunSection(BaseModel):
+    run_dir: Path = Path("runs/default")
+    seed: int = 0
+    concurrency: int = 2
+    progress: bool = True
+
+
+class EnvSection(BaseModel):
+    name: str = "gsm8k"
+    data_dir: Path | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    val_fraction: float = 0.2
+
+
+class AgentSection(BaseModel):
+    model: str = DEFAULT_MODEL
+    harness: Path | None = None  # directory; default: the built-in seed for the environment
+
+
+class EvalSection(BaseModel):
+    split: Literal["train", "val", "test"] = "test"
+    limit: int | None = 20
+    trials: int = 1
+
+
+class SandboxSection(BaseModel):
+    timeout_s: float = 300.0
+    memory_mb: int = 2048
+    cpu_s: int = 120
+    file_mb: int = 64
+
+
+class CacheSection(BaseModel):
+    enabled: bool = True
+    path: Path | None = None  # default: ~/.cache/ecdysis/responses.sqlite ($ECDYSIS_CACHE)
+
+
+class RolesSection(BaseModel):
+    """Optimizer roles, each a model reference; empty means the agent's model."""
+
+    analyst: str = ""
+    critic: str = ""
+    engineer: str = ""
+    moderator: str = ""
+    implementer: str = ""
+    temperature: float = 0.2
+    max_tokens: int = 700
+
+
+class TrainSection(BaseModel):
+    train_limit: int | None = 20
+    test_limit: int | None = 40
+    train_trials: int = 1
+    rounds: int = 3
+    debate_passes: int = 2
+    failure_threshold: float = 1.0  # a trajectory scoring below this is a failure
+    acceptance: Literal["strict", "tolerance", "noise-aware"] = "strict"
+    tolerance: float = 0.05
+    implement_attempts: int = 4
+    implementer_command: str | None = None  # external coding agent: runs in a copy of the harness dir
+    max_evidence_per_pattern: int = 3
+
+
+class Config(BaseModel):
+    run: RunSection = Field(default_factory=RunSection)
+    env: EnvSection = Field(default_factory=EnvSection)
+    agent: AgentSection = Field(default_factory=AgentSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    sandbox: SandboxSection = Field(default_factory=SandboxSection)
+    cache: CacheSection = Field(default_factory=CacheSection)
+    roles: RolesSection = Field(default_factory=RolesSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    model_settings: dict[str, ModelSettings] = Field(default_factory=dict)  # keyed by model reference
+
+    def settings_for(self, ref: str) -> ModelSettings:
+        return self.model_settings.get(ref, ModelSettings())
+
+    def role_model(self, role: str) -> str:
+        return getattr(self.roles, role) or self.agent.model
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} should look like section.key=value")
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[parts[-1]] = _parse_value(value.strip())
+    return data
+
+
+def load_config(path: Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Read TOML (optional), apply overrides, validate. Relative paths resolve against the file."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file {path} does not exist") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    apply_overrides(data, overrides or [])
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{path or 'config'}: {exc}") from exc
+    if path is not None:
+        base = Path(path).resolve().parent
+        for section, key in (("agent", "harness"), ("env", "data_dir"), ("run", "run_dir")):
+            value = getattr(getattr(config, section), key)
+            if value is not None and not Path(value).is_absolute():
+                setattr(getattr(config, section), key, base / value)
+    return config

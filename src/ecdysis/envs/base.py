@@ -1,0 +1,157 @@
+"""The environment protocol, tasks with stable ids, deterministic splits, and data loading.
+
+An environment lives in two places. `make_episode` runs inside the sandbox and sees only the
+task's public part (prompt, tables); `grade` runs in the host and is the only code that sees the
+gold answer. So neither harness code nor optimizer roles can read test labels through the loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..harness.api import Action, ToolSpec
+
+SPLITS = ("train", "val", "test")
+
+
+class TaskFileError(ValueError):
+    """A task file is malformed; the message names the file, the line and the problem."""
+
+
+class DataNotFoundError(FileNotFoundError):
+    pass
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str  # stable: derived from content, never from a list position
+    split: str
+    prompt: str
+    gold: Any  # host-only
+    public: dict[str, Any] = field(default_factory=dict)  # what the sandbox may see besides prompt
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def public_view(self) -> dict[str, Any]:
+        return {"id": self.id, "prompt": self.prompt, "public": self.public}
+
+
+@dataclass(frozen=True)
+class Score:
+    value: float
+    passed: bool
+    detail: str = ""
+    components: dict[str, Any] = field(default_factory=dict)
+
+
+class Episode(Protocol):
+    """One task's live state inside the sandbox."""
+
+    tools: tuple[ToolSpec, ...]
+
+    def step(self, action: Action) -> str: ...
+
+    def final_state(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class Environment(Protocol):
+    name: str
+
+    def tasks(self, split: str) -> list[Task]: ...
+
+    def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score: ...
+
+
+class NoToolEpisode:
+    """Single-turn episode: the only action is the final answer."""
+
+    tools: tuple[ToolSpec, ...] = ()
+
+    def step(self, action: Action) -> str:
+        return f"Unknown tool {action.tool!r}: this task takes only a final answer."
+
+    def final_state(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+
+def stable_id(prefix: str, *parts: str) -> str:
+    h = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
+    return f"{prefix}-{h}"
+
+
+def split_of(task_id: str, seed: int, val_fraction: float) -> str:
+    """Deterministic train/val assignment from the id and a seed."""
+    h = int(hashlib.sha256(f"{seed}:{task_id}".encode()).hexdigest()[:8], 16)
+    return "val" if (h % 10_000) / 10_000 < val_fraction else "train"
+
+
+def seeded_order(tasks: list[Task], seed: int) -> list[Task]:
+    """A fixed pseudo-random order so `--limit N` picks the same N tasks every time."""
+    return sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:{t.id}".encode()).hexdigest())
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (line number, object); a malformed line raises TaskFileError naming file and line."""
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TaskFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
+            if not isinstance(obj, dict):
+                raise TaskFileError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def require(obj: dict[str, Any], key: str, kind: type, path: Path, lineno: int) -> Any:
+    if key not in obj:
+        raise TaskFileError(f"{path}:{lineno}: missing field {key!r}")
+    if not isinstance(obj[key], kind):
+        raise TaskFileError(
+            f"{path}:{lineno}: field {key!r} should be {kind.__name__}, got {type(obj[key]).__name__}"
+        )
+    return obj[key]
+
+
+def data_file(data_dir: Path | None, env: str, filename: str, url: str | None) -> Path:
+    """Locate `env/filename` in --data-dir or $ECDYSIS_DATA_DIR; else download it once into the cache."""
+    candidates: list[Path] = []
+    for base in (data_dir, os.environ.get("ECDYSIS_DATA_DIR")):
+        if base:
+            candidates.append(Path(base) / env / filename)
+    for path in candidates:
+        if path.exists():
+            return path
+    cached = Path.home() / ".cache" / "ecdysis" / "data" / env / filename
+    if cached.exists():
+        return cached
+    if url:
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(".part")
+            with urllib.request.urlopen(url, timeout=15) as resp, tmp.open("wb") as f:
+                f.write(resp.read())
+            tmp.replace(cached)
+            return cached
+        except OSError as exc:
+            download_error = f"; downloading {url} failed ({exc})"
+    else:
+        download_error = ""
+    looked = ", ".join(str(p) for p in candidates) or "(no --data-dir or ECDYSIS_DATA_DIR given)"
+    raise DataNotFoundError(
+        f"{env}/{filename} not found in {looked}{download_error}. "
+        "Pass --data-dir DIR (a folder holding gsm8k/ and dbbench/) or set ECDYSIS_DATA_DIR."
+    )

@@ -1,0 +1,179 @@
+"""A harness is a directory with `harness.toml`; its version id is the hash of its files.
+
+Versions are plain file maps, so they can be stored in the run database, diffed, restored and
+shipped. `load_harness` validates the manifest and compiles every Python layer (syntax errors
+are reported with file and line) without importing anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+MANIFEST = "harness.toml"
+LAYER_FILES = ("contract", "skills", "demos", "action", "regulate", "loop")
+MAX_FILE_BYTES = 256_000
+
+
+class HarnessError(ValueError):
+    """The harness directory is unusable; the message names the file (and line) and the fix."""
+
+
+class Generation(BaseModel):
+    temperature: float = 0.0
+    max_tokens: int = 512
+    top_p: float = 1.0
+    stop: list[str] = Field(default_factory=list)
+
+
+class Budget(BaseModel):
+    max_turns: int = 1
+    max_rejections: int = 1
+    top_k_skills: int = 3
+
+
+class LayerFiles(BaseModel):
+    contract: str | None = "contract.md"  # H3
+    skills: str | None = "skills.json"  # H5 tips
+    demos: str | None = "demos.json"  # H5 demonstrations
+    action: str | None = "action.py"  # H2
+    regulate: str | None = "regulate.py"  # H4
+    loop: str | None = None  # free-form loop
+
+
+class Manifest(BaseModel):
+    name: str
+    env: str
+    mode: Literal["layered", "freeform"] = "layered"
+    description: str = ""
+    tools: list[str] | None = None  # environment tools to offer; None = all
+    generation: Generation = Field(default_factory=Generation)
+    budget: Budget = Field(default_factory=Budget)
+    files: LayerFiles = Field(default_factory=LayerFiles)
+
+
+@dataclass(frozen=True)
+class HarnessVersion:
+    """An immutable snapshot: manifest plus every file's text, keyed by relative path."""
+
+    files: dict[str, str]
+    manifest: Manifest = field(compare=False)
+
+    @property
+    def id(self) -> str:
+        return version_id(self.files)
+
+    def layer_text(self, layer: str) -> str | None:
+        rel = getattr(self.manifest.files, layer)
+        return None if rel is None else self.files.get(rel)
+
+    def write(self, directory: Path) -> Path:
+        """Materialise into `directory` (which must be empty or absent)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for rel, text in self.files.items():
+            target = directory / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+        return directory
+
+    def with_files(self, changes: dict[str, str]) -> HarnessVersion:
+        files = dict(self.files)
+        files.update(changes)
+        return version_from_files(files, origin="<candidate>")
+
+    def to_json(self) -> str:
+        return json.dumps(self.files, sort_keys=True)
+
+
+def version_id(files: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + files[rel].encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def parse_manifest(text: str, origin: str) -> Manifest:
+    try:
+        data: dict[str, Any] = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise HarnessError(f"{origin}/{MANIFEST}: invalid TOML: {exc}") from exc
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise HarnessError(f"{origin}/{MANIFEST}: {exc}") from exc
+
+
+def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
+    """Every named layer file exists; Python compiles; JSON parses. Raises HarnessError."""
+    for layer in LAYER_FILES:
+        rel = getattr(manifest.files, layer)
+        if rel is None:
+            continue
+        if rel not in files:
+            raise HarnessError(f"{origin}: manifest names {layer} file {rel!r}, which does not exist")
+        text = files[rel]
+        if rel.endswith(".py"):
+            try:
+                compile(text, f"{origin}/{rel}", "exec")
+            except SyntaxError as exc:
+                raise HarnessError(
+                    f"{origin}/{rel}, line {exc.lineno}: syntax error: {exc.msg}"
+                ) from exc
+        elif rel.endswith(".json"):
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise HarnessError(f"{origin}/{rel}, line {exc.lineno}: invalid JSON: {exc.msg}") from exc
+    if manifest.mode == "freeform" and manifest.files.loop is None:
+        raise HarnessError(f"{origin}/{MANIFEST}: mode 'freeform' needs files.loop")
+
+
+def version_from_files(files: dict[str, str], origin: str) -> HarnessVersion:
+    if MANIFEST not in files:
+        raise HarnessError(
+            f"{origin}: no {MANIFEST}; a harness directory needs a manifest "
+            "(create one with `ecdysis init DIR --env gsm8k`)"
+        )
+    manifest = parse_manifest(files[MANIFEST], origin)
+    check_files(files, manifest, origin)
+    return HarnessVersion(files=dict(files), manifest=manifest)
+
+
+def load_harness(directory: Path | str) -> HarnessVersion:
+    """Read and validate a harness directory (text files only, hidden files and caches skipped)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise HarnessError(f"{root}: harness directory does not exist")
+    files: dict[str, str] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_dir() or any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
+            continue
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise HarnessError(f"{path}: larger than {MAX_FILE_BYTES} bytes; harness files are short text")
+        try:
+            files[rel] = path.read_text()
+        except UnicodeDecodeError as exc:
+            raise HarnessError(f"{path}: not UTF-8 text") from exc
+    return version_from_files(files, str(root))
+
+
+def diff_versions(old: HarnessVersion, new: HarnessVersion) -> str:
+    """Unified diff of two versions, file by file."""
+    chunks: list[str] = []
+    for rel in sorted(set(old.files) | set(new.files)):
+        a, b = old.files.get(rel, ""), new.files.get(rel, "")
+        if a != b:
+            chunks.extend(
+                difflib.unified_diff(
+                    a.splitlines(keepends=True), b.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"
+                )
+            )
+    return "".join(chunks)

@@ -1,0 +1,56 @@
+"""H5 procedural skills: short tips retrieved per task with BM25 (rank_bm25), and demonstrations."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+TOKEN = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class Skill:
+    id: str
+    trigger: str  # words describing when the tip applies; "*" means always
+    tip: str
+
+
+def tokenize(text: str) -> list[str]:
+    return TOKEN.findall(text.lower())
+
+
+def parse_skills(text: str | None) -> list[Skill]:
+    if not text:
+        return []
+    data: Any = json.loads(text)
+    items = data.get("skills", []) if isinstance(data, dict) else data
+    return [Skill(str(s["id"]), str(s.get("trigger", "*")), str(s["tip"])) for s in items]
+
+
+def retrieve(skills: list[Skill], query: str, top_k: int) -> list[Skill]:
+    """Always-on skills first, then the top-k BM25 matches of trigger+tip against the task text."""
+    always = [s for s in skills if s.trigger.strip() == "*"]
+    rest = [s for s in skills if s.trigger.strip() != "*"]
+    if not rest or top_k <= 0:
+        return always
+    from rank_bm25 import BM25Okapi
+
+    bm25 = BM25Okapi([tokenize(f"{s.trigger} {s.tip}") or ["_"] for s in rest])
+    scores = bm25.get_scores(tokenize(query))
+    ranked = sorted(zip(scores, range(len(rest))), key=lambda p: (-p[0], p[1]))
+    return always + [rest[i] for score, i in ranked[:top_k] if score > 0]
+
+
+def parse_demos(text: str | None) -> list[dict[str, str]]:
+    """Demonstrations as alternating user/assistant messages: [{"user": ..., "assistant": ...}]."""
+    if not text:
+        return []
+    data: Any = json.loads(text)
+    items = data.get("demos", []) if isinstance(data, dict) else data
+    messages: list[dict[str, str]] = []
+    for demo in items:
+        messages.append({"role": "user", "content": str(demo["user"])})
+        messages.append({"role": "assistant", "content": str(demo["assistant"])})
+    return messages

@@ -1,0 +1,99 @@
+"""The one chat interface every model backend implements.
+
+A backend turns a `ChatRequest` into a `ChatResponse`. Everything above this layer (agent loop,
+optimizer roles, cache, accounting) only knows these types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+Role = Literal["system", "user", "assistant"]
+
+
+class Message(BaseModel):
+    role: Role
+    content: str
+
+
+class GenerationParams(BaseModel):
+    """Sampling parameters. `sample_index` distinguishes deliberate resamples in the cache."""
+
+    temperature: float = 0.0
+    max_tokens: int = 512
+    top_p: float = 1.0
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    json_schema: dict[str, Any] | None = None
+    sample_index: int = 0
+
+
+class ChatRequest(BaseModel):
+    messages: list[Message]
+    params: GenerationParams = Field(default_factory=GenerationParams)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class ChatResponse(BaseModel):
+    text: str
+    finish_reason: str = "stop"
+    usage: Usage = Field(default_factory=Usage)
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+    model_id: str = ""
+    cache_hit: bool = False
+
+
+class ModelError(RuntimeError):
+    """A model call failed for good (after any retries). The message says what to do."""
+
+
+class ModelConfigError(ValueError):
+    """A model reference or its settings are wrong (unknown form, missing key, missing file)."""
+
+
+@runtime_checkable
+class ChatModel(Protocol):
+    """Async chat model. `identity` is stable across processes and names the exact weights/endpoint."""
+
+    @property
+    def identity(self) -> str: ...
+
+    async def chat(self, request: ChatRequest) -> ChatResponse: ...
+
+
+def cache_key(identity: str, request: ChatRequest) -> str:
+    """Canonical hash of model identity, messages, parameters and sample index."""
+    h = hashlib.sha256()
+    h.update(identity.encode())
+    h.update(b"\0")
+    h.update(request.canonical_json().encode())
+    return h.hexdigest()
+
+
+def user(content: str) -> Message:
+    return Message(role="user", content=content)
+
+
+def system(content: str) -> Message:
+    return Message(role="system", content=content)
+
+
+def assistant(content: str) -> Message:
+    return Message(role="assistant", content=content)

@@ -1,0 +1,126 @@
+"""Persistent response cache and the metered client every caller goes through.
+
+The cache is an SQLite file keyed by `cache_key` (model identity, messages, parameters, sample
+index). Hits cost nothing and are counted. `MeteredModel` adds caching and accounting to any
+`ChatModel`; it is what the runner and the optimizer roles hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .base import ChatModel, ChatRequest, ChatResponse, cache_key
+
+
+def default_cache_path() -> Path:
+    env = os.environ.get("ECDYSIS_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "ecdysis" / "responses.sqlite"
+
+
+class ResponseCache:
+    """SQLite-backed map from request hash to response JSON. Safe to share between runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, "
+            "response TEXT NOT NULL, created REAL NOT NULL)"
+        )
+        self._db.commit()
+
+    def get(self, key: str) -> ChatResponse | None:
+        with self._lock:
+            row = self._db.execute("SELECT response FROM responses WHERE key=?", (key,)).fetchone()
+        return ChatResponse.model_validate_json(row[0]) if row else None
+
+    def put(self, key: str, response: ChatResponse) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?,?,?,?)",
+                (key, response.model_id, response.model_dump_json(), time.time()),
+            )
+            self._db.commit()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def close(self) -> None:
+        self._db.close()
+
+
+@dataclass
+class CallStats:
+    calls: int = 0
+    cache_hits: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_time_s: float = 0.0
+    cost_usd: float = 0.0
+
+    def add(self, response: ChatResponse) -> None:
+        self.calls += 1
+        if response.cache_hit:
+            self.cache_hits += 1
+            return
+        self.prompt_tokens += response.usage.prompt_tokens
+        self.completion_tokens += response.usage.completion_tokens
+        self.model_time_s += response.latency_s
+        self.cost_usd += response.cost_usd
+
+
+CallListener = Callable[[str, ChatRequest, ChatResponse], None]
+
+
+@dataclass
+class MeteredModel:
+    """A `ChatModel` with an optional persistent cache, per-role accounting and call listeners."""
+
+    model: ChatModel
+    cache: ResponseCache | None = None
+    role: str = "agent"
+    stats: CallStats = field(default_factory=CallStats)
+    listeners: list[CallListener] = field(default_factory=list)
+    _inflight: dict[str, asyncio.Future[ChatResponse]] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        return self.model.identity
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        key = cache_key(self.model.identity, request)
+        response = self.cache.get(key) if self.cache else None
+        if response is not None:
+            response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0})
+        elif key in self._inflight:  # an identical call is running: share its result
+            shared = await asyncio.shield(self._inflight[key])
+            response = shared.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0})
+        else:
+            future: asyncio.Future[ChatResponse] = asyncio.get_running_loop().create_future()
+            self._inflight[key] = future
+            try:
+                response = await self.model.chat(request)
+                future.set_result(response)
+            except BaseException as exc:
+                future.set_exception(exc)
+                future.exception()  # mark retrieved
+                raise
+            finally:
+                del self._inflight[key]
+            if self.cache is not None:
+                self.cache.put(key, response)
+        self.stats.add(response)
+        for listener in self.listeners:
+            listener(self.role, request, response)
+        return response

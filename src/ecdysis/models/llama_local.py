@@ -1,0 +1,111 @@
+"""Embedded llama.cpp backend: runs a GGUF in-process (needs the `local` extra).
+
+Each model file is loaded once per process and shared; a lock allows one generation at a time
+per loaded model. The chat template comes from the GGUF metadata; JSON-schema output uses
+llama.cpp's grammar support.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .base import ChatRequest, ChatResponse, ModelConfigError, ModelError, Usage
+from .local_models import CATALOG, resolve_verified, sha256_file
+
+_LOADED: dict[tuple[str, int], tuple[Any, threading.Lock]] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _import_llama() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise ModelConfigError(
+            "the embedded backend needs llama-cpp-python: `pip install 'ecdysis[local]'` "
+            "(or run `make setup`)"
+        ) from exc
+    return llama_cpp
+
+
+def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None) -> tuple[Any, threading.Lock]:
+    """The process-wide Llama for `path` (loaded on first use) and its generation lock."""
+    key = (str(path.resolve()), n_ctx)
+    with _LOAD_LOCK:
+        if key not in _LOADED:
+            llama_cpp = _import_llama()
+            llm = llama_cpp.Llama(
+                model_path=str(path),
+                n_ctx=n_ctx,
+                n_threads=n_threads or os.cpu_count() or 1,
+                verbose=False,
+            )
+            _LOADED[key] = (llm, threading.Lock())
+        return _LOADED[key]
+
+
+class LlamaCppModel:
+    """A GGUF model run in this process. `name` is a catalog name or a path to a .gguf file."""
+
+    def __init__(self, name: str, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+        if name in CATALOG:
+            self.path = resolve_verified(name)
+            self._digest = CATALOG[name].sha256
+        else:
+            path = Path(name).expanduser()
+            if path.suffix != ".gguf" or not path.exists():
+                known = ", ".join(sorted(CATALOG))
+                raise ModelConfigError(
+                    f"local model {name!r} is neither a catalog name ({known}) nor an existing .gguf file"
+                )
+            self.path = path
+            self._digest = sha256_file(path)
+        self.name = name
+        self.n_ctx = n_ctx
+        self.n_threads = n_threads
+
+    @property
+    def identity(self) -> str:
+        return f"llama.cpp:{self._digest}"
+
+    def _generate(self, request: ChatRequest) -> dict[str, Any]:
+        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads)
+        p = request.params
+        kwargs: dict[str, Any] = {
+            "messages": [m.model_dump() for m in request.messages],
+            "temperature": p.temperature,
+            "top_p": p.top_p,
+            "max_tokens": p.max_tokens,
+        }
+        if p.stop:
+            kwargs["stop"] = p.stop
+        if p.seed is not None or p.sample_index:
+            kwargs["seed"] = (p.seed or 0) + p.sample_index
+        if p.json_schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
+        with lock:
+            return llm.create_chat_completion(**kwargs)
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        start = time.perf_counter()
+        try:
+            out = await asyncio.to_thread(self._generate, request)
+        except ValueError as exc:  # e.g. prompt longer than the context window
+            raise ModelError(f"{self.name}: {exc}") from exc
+        choice = out["choices"][0]
+        usage = out.get("usage") or {}
+        return ChatResponse(
+            text=choice["message"].get("content") or "",
+            finish_reason=choice.get("finish_reason") or "stop",
+            usage=Usage(
+                prompt_tokens=usage.get("prompt_tokens", 0),
+                completion_tokens=usage.get("completion_tokens", 0),
+            ),
+            latency_s=time.perf_counter() - start,
+            cost_usd=0.0,
+            model_id=self.identity,
+        )

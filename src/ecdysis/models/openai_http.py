@@ -1,0 +1,158 @@
+"""OpenAI-compatible HTTP backend (OpenAI, vLLM, SGLang, Ollama, llama.cpp server, routers).
+
+Retries with exponential backoff and jitter on 429, 5xx, timeouts and connection errors (tenacity);
+never on other 4xx. A semaphore per endpoint bounds concurrency; `total_timeout_s` bounds a call
+including all its retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import openai
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_random_exponential,
+)
+
+from .base import ChatRequest, ChatResponse, ModelError, Usage
+from .pricing import cost_usd
+
+_SEMAPHORES: dict[tuple[str, int], asyncio.Semaphore] = {}
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """429, 5xx, timeouts and connection errors are transient; every other error is final."""
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code == 429 or exc.status_code >= 500
+    return False
+
+
+def _endpoint_semaphore(base_url: str, limit: int) -> asyncio.Semaphore:
+    key = (base_url, id(asyncio.get_running_loop()))
+    sem = _SEMAPHORES.get(key)
+    if sem is None:
+        sem = _SEMAPHORES[key] = asyncio.Semaphore(limit)
+    return sem
+
+
+class OpenAICompatModel:
+    """Chat model behind an OpenAI-compatible `/chat/completions` endpoint."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str = "not-needed",
+        *,
+        max_concurrency: int = 4,
+        max_retries: int = 4,
+        attempt_timeout_s: float = 120.0,
+        total_timeout_s: float = 600.0,
+        backoff_initial_s: float = 0.5,
+        backoff_max_s: float = 20.0,
+        client: Any | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.max_concurrency = max_concurrency
+        self.max_retries = max_retries
+        self.total_timeout_s = total_timeout_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self._client = client or openai.AsyncOpenAI(
+            base_url=self.base_url, api_key=api_key, max_retries=0, timeout=attempt_timeout_s
+        )
+        self._schema_style = "json_schema"
+
+    @property
+    def identity(self) -> str:
+        return f"openai-compat:{self.base_url}::{self.model}"
+
+    def _response_format(self, schema: dict[str, Any]) -> dict[str, Any]:
+        if self._schema_style == "json_schema":
+            return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+        return {"type": "json_object", "schema": schema}
+
+    async def _attempt(self, request: ChatRequest) -> Any:
+        p = request.params
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "temperature": p.temperature,
+            "max_tokens": p.max_tokens,
+            "top_p": p.top_p,
+        }
+        if p.stop:
+            kwargs["stop"] = p.stop
+        if p.seed is not None:
+            kwargs["seed"] = p.seed
+        if p.json_schema is not None:
+            kwargs["response_format"] = self._response_format(p.json_schema)
+        try:
+            return await self._client.chat.completions.create(**kwargs)
+        except openai.BadRequestError:
+            # Some servers (llama-cpp-python) only take {"type": "json_object", "schema": ...}.
+            if p.json_schema is None or self._schema_style != "json_schema":
+                raise
+            self._schema_style = "json_object"
+            kwargs["response_format"] = self._response_format(p.json_schema)
+            return await self._client.chat.completions.create(**kwargs)
+
+    async def _with_retries(self, request: ChatRequest) -> Any:
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_retryable),
+            stop=stop_after_attempt(self.max_retries + 1),
+            wait=wait_random_exponential(multiplier=self.backoff_initial_s, max=self.backoff_max_s),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._attempt(request)
+        raise AssertionError("unreachable")
+
+    async def chat(self, request: ChatRequest) -> ChatResponse:
+        start = time.perf_counter()
+        try:
+            async with _endpoint_semaphore(self.base_url, self.max_concurrency):
+                completion = await asyncio.wait_for(
+                    self._with_retries(request), timeout=self.total_timeout_s
+                )
+        except TimeoutError as exc:
+            raise ModelError(
+                f"{self.identity}: no reply within {self.total_timeout_s:.0f}s (total, with retries). "
+                "Is the server overloaded? Raise total_timeout_s or lower concurrency."
+            ) from exc
+        except openai.APIConnectionError as exc:
+            raise ModelError(
+                f"{self.identity}: cannot reach {self.base_url} after {self.max_retries + 1} attempts "
+                f"({exc.__class__.__name__}: {exc}). Is the server running and the URL right?"
+            ) from exc
+        except openai.APIStatusError as exc:
+            raise ModelError(
+                f"{self.identity}: HTTP {exc.status_code}: {exc.message}"
+            ) from exc
+        choice = completion.choices[0]
+        u = completion.usage
+        cached = 0
+        if u is not None and getattr(u, "prompt_tokens_details", None) is not None:
+            cached = getattr(u.prompt_tokens_details, "cached_tokens", 0) or 0
+        usage = Usage(
+            prompt_tokens=(u.prompt_tokens if u else 0) or 0,
+            completion_tokens=(u.completion_tokens if u else 0) or 0,
+            cached_tokens=cached,
+        )
+        return ChatResponse(
+            text=choice.message.content or "",
+            finish_reason=choice.finish_reason or "stop",
+            usage=usage,
+            latency_s=time.perf_counter() - start,
+            cost_usd=cost_usd(self.model, usage),
+            model_id=self.identity,
+        )

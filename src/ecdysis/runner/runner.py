@@ -1,0 +1,167 @@
+"""The runner: the one place that evaluates a harness on tasks.
+
+It owns concurrency (a semaphore), caching and accounting (through `MeteredModel`), budgets,
+sandboxing (one worker per episode), grading (host side) and recording (the run store, as each
+trajectory arrives). An evaluation's id is derived from its inputs, so re-running the same
+evaluation in the same run directory resumes it: finished (task, trial) pairs are not repeated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from math import comb
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Environment, Task
+from ..harness.manifest import HarnessVersion
+from ..models.base import ChatRequest, GenerationParams, Message, ModelError
+from ..models.cache import MeteredModel
+from ..store.db import RunStore
+from .progress import EvalProgress
+from .sandbox import SandboxLimits, run_in_sandbox
+
+
+@dataclass
+class EvalSummary:
+    eval_id: str
+    harness_id: str
+    split: str
+    n_tasks: int
+    trials: int
+    accuracy: float
+    pass_at_k: float
+    pass_hat_k: float
+    terminations: dict[str, int]
+    prompt_tokens: int
+    completion_tokens: int
+    model_calls: int
+    cache_hits: int
+    model_time_s: float
+    wall_s: float
+    episodes: int
+    per_task: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def overhead_ratio(self) -> float:
+        """Share of wall time not spent waiting for the model."""
+        return max(self.wall_s - self.model_time_s, 0.0) / self.wall_s if self.wall_s else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    return 1.0 if n - c < k else 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def pass_hat_k(n: int, c: int, k: int) -> float:
+    return comb(c, k) / comb(n, k)
+
+
+def summarize(eval_id: str, harness_id: str, split: str, trials: int,
+              trajectories: list[Trajectory], wall_s: float) -> EvalSummary:
+    per_task: dict[str, list[float]] = {}
+    for t in trajectories:
+        per_task.setdefault(t.task_id, []).append(t.score)
+    k = trials
+    at_k = [pass_at_k(len(s), sum(x >= 1.0 for x in s), min(k, len(s))) for s in per_task.values()]
+    hat_k = [pass_hat_k(len(s), sum(x >= 1.0 for x in s), min(k, len(s))) for s in per_task.values()]
+    n = len(trajectories)
+    return EvalSummary(
+        eval_id=eval_id, harness_id=harness_id, split=split, n_tasks=len(per_task), trials=trials,
+        accuracy=sum(t.score for t in trajectories) / n if n else 0.0,
+        pass_at_k=sum(at_k) / len(at_k) if at_k else 0.0,
+        pass_hat_k=sum(hat_k) / len(hat_k) if hat_k else 0.0,
+        terminations=dict(Counter(t.termination for t in trajectories)),
+        prompt_tokens=sum(t.prompt_tokens for t in trajectories),
+        completion_tokens=sum(t.completion_tokens for t in trajectories),
+        model_calls=sum(t.model_calls for t in trajectories),
+        cache_hits=sum(t.cache_hits for t in trajectories),
+        model_time_s=sum(t.model_time_s for t in trajectories),
+        wall_s=wall_s, episodes=n, per_task=per_task,
+    )
+
+
+@dataclass
+class Runner:
+    store: RunStore
+    run_id: str
+    model: MeteredModel
+    env: Environment
+    env_name: str
+    env_options: dict[str, Any] = field(default_factory=dict)
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    concurrency: int = 2
+    show_progress: bool = True
+    max_agent_tokens: int | None = None  # budget across all evaluations of this runner
+    tokens_spent: int = 0
+    episodes_run: int = 0
+
+    def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
+        h = hashlib.sha256()
+        for part in (self.run_id, harness.id, self.model.identity, self.env_name, label, str(trials)):
+            h.update(part.encode() + b"\0")
+        for task in tasks:
+            h.update(task.id.encode() + b"\0")
+        return h.hexdigest()[:16]
+
+    async def _chat(self, eval_id: str, messages: list[dict[str, str]], params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            request = ChatRequest(messages=[Message(**m) for m in messages], params=GenerationParams(**params))
+            response = await self.model.chat(request)
+        except (ModelError, ValueError) as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        self.store.record_call(self.run_id, eval_id, self.model.role, self.model.identity,
+                               response.usage.prompt_tokens, response.usage.completion_tokens,
+                               response.latency_s, response.cost_usd, response.cache_hit)
+        if not response.cache_hit:
+            self.tokens_spent += response.usage.total_tokens
+        return {"text": response.text, "finish_reason": response.finish_reason,
+                "usage": response.usage.model_dump(), "latency_s": response.latency_s,
+                "cache_hit": response.cache_hit}
+
+    def _over_budget(self) -> bool:
+        return self.max_agent_tokens is not None and self.tokens_spent >= self.max_agent_tokens
+
+    async def evaluate(self, harness: HarnessVersion, tasks: list[Task], trials: int = 1,
+                       split: str = "", label: str = "eval") -> EvalSummary:
+        """Run every (task, trial) not yet recorded for this evaluation; return the full summary."""
+        eval_id = self.eval_id(harness, tasks, trials, label)
+        self.store.save_version(harness)
+        self.store.open_evaluation(eval_id, self.run_id, harness.id, self.model.identity, self.env_name,
+                                   split, trials, len(tasks), label)
+        done = self.store.done_keys(eval_id)
+        todo = [(t, k) for k in range(trials) for t in tasks if (t.id, k) not in done]
+        start = time.perf_counter()
+        semaphore = asyncio.Semaphore(self.concurrency)
+        progress = EvalProgress(f"{label} [{harness.id[:8]}]", total=len(tasks) * trials,
+                                done=len(done), enabled=self.show_progress)
+
+        async def one(task: Task, trial: int) -> None:
+            async with semaphore:
+                if self._over_budget():
+                    return
+                traj = await run_in_sandbox(
+                    harness, self.env_name, self.env_options, task, trial,
+                    lambda m, p: self._chat(eval_id, m, p), self.limits,
+                )
+                score = self.env.grade(task, traj.final_answer, traj.final_state)
+                traj.score, traj.passed = score.value, score.passed
+                traj.score_detail, traj.score_components = score.detail, score.components
+                self.store.record_trajectory(eval_id, traj)
+                self.episodes_run += 1
+                progress.advance(traj)
+
+        with progress:
+            await asyncio.gather(*(one(t, k) for t, k in todo))
+        trajectories = self.store.trajectories(eval_id)
+        summary = summarize(eval_id, harness.id, split, trials, trajectories, time.perf_counter() - start)
+        complete = len(trajectories) == len(tasks) * trials
+        record = summary.to_dict() | {"complete": complete, "budget_exhausted": self._over_budget()}
+        self.store.finish_evaluation(eval_id, record)
+        return summary

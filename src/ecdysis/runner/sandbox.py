@@ -1,0 +1,153 @@
+"""Host side of the sandbox: start a worker, serve its model calls, enforce the task timeout.
+
+A worker that crashes, hangs, exceeds a limit or is killed yields a failed trajectory that
+keeps the model calls the host served and the tail of the worker's stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Task
+from ..harness.manifest import HarnessVersion
+
+ChatHandler = Callable[[list[dict[str, str]], dict[str, Any]], Awaitable[dict[str, Any]]]
+STDERR_TAIL = 8000
+_SRC_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 300.0  # wall clock per task, model time included
+    memory_mb: int = 2048  # address space of the worker
+    cpu_s: int = 120  # CPU seconds of the worker itself (model time is spent in the host)
+    file_mb: int = 64  # largest file the worker may write
+
+
+def worker_env(workdir: str) -> dict[str, str]:
+    """A minimal environment: no API keys or other secrets reach harness code."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": workdir,
+        "TMPDIR": workdir,
+        "LANG": "C.UTF-8",
+        "PYTHONPATH": _SRC_ROOT,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONHASHSEED": "0",
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    env.update({k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_CORE") or k == "OPENBLAS_L2_SIZE"})
+    return env
+
+
+async def _drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
+    while chunk := await stream.read(65536):
+        sink.extend(chunk)
+        if len(sink) > STDERR_TAIL:
+            del sink[: len(sink) - STDERR_TAIL]
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def run_in_sandbox(
+    harness: HarnessVersion,
+    env_name: str,
+    env_options: dict[str, Any],
+    task: Task,
+    trial: int,
+    chat: ChatHandler,
+    limits: SandboxLimits,
+) -> Trajectory:
+    """Run one episode in a fresh worker process. Never raises for harness failures."""
+    start = time.perf_counter()
+    served: list[dict[str, Any]] = []  # model calls served, kept in case the worker dies
+    stderr = bytearray()
+    request = {
+        "files": harness.files,
+        "harness_id": harness.id,
+        "env": env_name,
+        "env_options": env_options,
+        "task": task.public_view(),
+        "trial": trial,
+        "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb},
+    }
+    result: Trajectory | None = None
+    termination, detail = "crash", ""
+    with tempfile.TemporaryDirectory(prefix="ecdysis-sbx-") as workdir:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ecdysis.runner.worker",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=workdir, env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
+        )
+        assert proc.stdin and proc.stdout and proc.stderr
+        drain = asyncio.create_task(_drain(proc.stderr, stderr))
+
+        async def converse() -> Trajectory | None:
+            assert proc.stdin and proc.stdout
+            proc.stdin.write((json.dumps(request) + "\n").encode())
+            await proc.stdin.drain()
+            while line := await proc.stdout.readline():
+                message = json.loads(line)
+                if message.get("op") == "done":
+                    return Trajectory.from_dict(message["trajectory"])
+                reply = await chat(message["messages"], message["params"])
+                served.append({"messages": message["messages"], **reply})
+                proc.stdin.write((json.dumps(reply) + "\n").encode())
+                await proc.stdin.drain()
+            return None
+
+        try:
+            result = await asyncio.wait_for(converse(), timeout=limits.timeout_s)
+            if result is None:
+                detail = "the sandbox worker exited without a result"
+        except TimeoutError:
+            termination, detail = "timeout", f"task exceeded its {limits.timeout_s:g}s time limit"
+        except (ConnectionError, json.JSONDecodeError, BrokenPipeError) as exc:
+            detail = f"sandbox channel broke: {exc!r}"
+        finally:
+            _kill(proc)
+            await proc.wait()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(drain, timeout=5)
+    if result is None:
+        result = _failed(harness.id, task.id, trial, termination, detail, served, stderr, proc.returncode)
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+def _failed(harness_id: str, task_id: str, trial: int, termination: str, detail: str,
+            served: list[dict[str, Any]], stderr: bytearray, returncode: int | None) -> Trajectory:
+    traj = Trajectory(task_id=task_id, trial=trial, harness_id=harness_id, termination=termination)
+    for call in served:
+        if "error" in call:
+            continue
+        usage = call.get("usage", {})
+        traj.add("model", 0, messages=call["messages"], reply=call["text"], usage=usage,
+                 finish_reason=call.get("finish_reason", ""), latency_s=call.get("latency_s", 0.0))
+        traj.model_calls += 1
+        traj.model_time_s += float(call.get("latency_s", 0.0))
+        traj.prompt_tokens += int(usage.get("prompt_tokens", 0))
+        traj.completion_tokens += int(usage.get("completion_tokens", 0))
+    signal_note = ""
+    if returncode is not None and returncode < 0:
+        with contextlib.suppress(ValueError):
+            signal_note = f" (killed by {signal.Signals(-returncode).name})"
+    tail = stderr.decode(errors="replace").strip()
+    traj.traceback = f"{detail}{signal_note}\n--- worker stderr (tail) ---\n{tail}".strip()
+    return traj

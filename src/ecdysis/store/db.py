@@ -1,0 +1,164 @@
+"""The run store: one SQLite database (WAL) per run directory, written as results arrive.
+
+It is the source of truth: runs, harness versions, evaluations, trajectories, model calls, and
+the trainer's records (patterns, transcripts, specs, decisions, timings) as typed JSON rows.
+Reports are views of it. Every write commits, so a killed process loses at most the row in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..harness.manifest import HarnessVersion, version_from_files
+
+DB_NAME = "ecdysis.sqlite"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  id TEXT PRIMARY KEY, kind TEXT NOT NULL, created REAL NOT NULL, status TEXT NOT NULL,
+  config TEXT NOT NULL, summary TEXT);
+CREATE TABLE IF NOT EXISTS harness_versions (
+  id TEXT PRIMARY KEY, name TEXT, files TEXT NOT NULL, parent TEXT, note TEXT, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS evaluations (
+  id TEXT PRIMARY KEY, run_id TEXT NOT NULL, harness_id TEXT NOT NULL, model TEXT NOT NULL,
+  env TEXT NOT NULL, split TEXT NOT NULL, trials INTEGER NOT NULL, n_tasks INTEGER NOT NULL,
+  label TEXT, created REAL NOT NULL, finished REAL, summary TEXT);
+CREATE TABLE IF NOT EXISTS trajectories (
+  eval_id TEXT NOT NULL, task_id TEXT NOT NULL, trial INTEGER NOT NULL, score REAL NOT NULL,
+  passed INTEGER NOT NULL, termination TEXT NOT NULL, wall_s REAL, model_time_s REAL,
+  tokens INTEGER, data TEXT NOT NULL, created REAL NOT NULL, PRIMARY KEY (eval_id, task_id, trial));
+CREATE TABLE IF NOT EXISTS model_calls (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, eval_id TEXT, role TEXT, model TEXT,
+  prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, cost_usd REAL,
+  cache_hit INTEGER, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS records (
+  run_id TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
+  created REAL NOT NULL, PRIMARY KEY (run_id, kind, key));
+"""
+
+
+class RunStore:
+    """Thread-safe access to one run directory's database."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / DB_NAME
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+        self._db.commit()
+
+    def _write(self, sql: str, args: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._db.execute(sql, args)
+            self._db.commit()
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        self._db.close()
+
+    # runs
+    def start_run(self, kind: str, config: dict[str, Any], run_id: str | None = None) -> str:
+        """Create a run, or reopen `run_id` if it exists (resume)."""
+        run_id = run_id or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        existing = self._rows("SELECT id FROM runs WHERE id=?", (run_id,))
+        if existing:
+            self._write("UPDATE runs SET status='running' WHERE id=?", (run_id,))
+        else:
+            self._write("INSERT INTO runs VALUES (?,?,?,?,?,NULL)",
+                        (run_id, kind, time.time(), "running", json.dumps(config, default=str)))
+        return run_id
+
+    def finish_run(self, run_id: str, summary: dict[str, Any], status: str = "finished") -> None:
+        self._write("UPDATE runs SET status=?, summary=? WHERE id=?",
+                    (status, json.dumps(summary, default=str), run_id))
+
+    def runs(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows("SELECT * FROM runs ORDER BY created")]
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._rows("SELECT * FROM runs WHERE id=? OR id LIKE ?", (run_id, f"{run_id}%"))
+        return dict(rows[0]) if rows else None
+
+    # harness versions
+    def save_version(self, version: HarnessVersion, parent: str | None = None, note: str = "") -> str:
+        self._write("INSERT OR IGNORE INTO harness_versions VALUES (?,?,?,?,?,?)",
+                    (version.id, version.manifest.name, version.to_json(), parent, note, time.time()))
+        return version.id
+
+    def load_version(self, version_id: str) -> HarnessVersion:
+        rows = self._rows("SELECT files FROM harness_versions WHERE id=?", (version_id,))
+        if not rows:
+            raise KeyError(f"no harness version {version_id} in {self.path}")
+        return version_from_files(json.loads(rows[0]["files"]), origin=f"version {version_id}")
+
+    # evaluations and trajectories
+    def open_evaluation(self, eval_id: str, run_id: str, harness_id: str, model: str, env: str,
+                        split: str, trials: int, n_tasks: int, label: str) -> None:
+        self._write("INSERT OR IGNORE INTO evaluations VALUES (?,?,?,?,?,?,?,?,?,?,NULL,NULL)",
+                    (eval_id, run_id, harness_id, model, env, split, trials, n_tasks, label, time.time()))
+
+    def finish_evaluation(self, eval_id: str, summary: dict[str, Any]) -> None:
+        self._write("UPDATE evaluations SET finished=?, summary=? WHERE id=?",
+                    (time.time(), json.dumps(summary), eval_id))
+
+    def evaluations(self, run_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows("SELECT * FROM evaluations WHERE run_id=? ORDER BY created", (run_id,))]
+
+    def record_trajectory(self, eval_id: str, traj: Trajectory) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO trajectories VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (eval_id, traj.task_id, traj.trial, traj.score, int(traj.passed), traj.termination,
+             traj.wall_s, traj.model_time_s, traj.prompt_tokens + traj.completion_tokens,
+             json.dumps(traj.to_dict()), time.time()),
+        )
+
+    def done_keys(self, eval_id: str) -> set[tuple[str, int]]:
+        rows = self._rows("SELECT task_id, trial FROM trajectories WHERE eval_id=?", (eval_id,))
+        return {(r["task_id"], r["trial"]) for r in rows}
+
+    def trajectories(self, eval_id: str) -> list[Trajectory]:
+        rows = self._rows("SELECT data FROM trajectories WHERE eval_id=? ORDER BY task_id, trial", (eval_id,))
+        return [Trajectory.from_dict(json.loads(r["data"])) for r in rows]
+
+    # model calls
+    def record_call(self, run_id: str | None, eval_id: str | None, role: str, model: str,
+                    prompt_tokens: int, completion_tokens: int, latency_s: float, cost_usd: float,
+                    cache_hit: bool) -> None:
+        self._write("INSERT INTO model_calls (run_id, eval_id, role, model, prompt_tokens, "
+                    "completion_tokens, latency_s, cost_usd, cache_hit, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (run_id, eval_id, role, model, prompt_tokens, completion_tokens, latency_s,
+                     cost_usd, int(cache_hit), time.time()))
+
+    def call_totals(self, run_id: str) -> list[dict[str, Any]]:
+        return [dict(r) for r in self._rows(
+            "SELECT role, COUNT(*) AS calls, SUM(cache_hit) AS cache_hits, SUM(prompt_tokens) AS prompt_tokens, "
+            "SUM(completion_tokens) AS completion_tokens, SUM(latency_s) AS model_time_s, SUM(cost_usd) AS cost_usd "
+            "FROM model_calls WHERE run_id=? GROUP BY role ORDER BY role", (run_id,))]
+
+    # trainer records: patterns, transcripts, specs, decisions, timings
+    def put_record(self, run_id: str, kind: str, key: str, data: Any) -> None:
+        self._write("INSERT OR REPLACE INTO records VALUES (?,?,?,?,?)",
+                    (run_id, kind, key, json.dumps(data, default=str), time.time()))
+
+    def get_record(self, run_id: str, kind: str, key: str) -> Any | None:
+        rows = self._rows("SELECT data FROM records WHERE run_id=? AND kind=? AND key=?", (run_id, kind, key))
+        return json.loads(rows[0]["data"]) if rows else None
+
+    def records(self, run_id: str, kind: str) -> list[tuple[str, Any]]:
+        rows = self._rows("SELECT key, data FROM records WHERE run_id=? AND kind=? ORDER BY created", (run_id, kind))
+        return [(r["key"], json.loads(r["data"])) for r in rows]

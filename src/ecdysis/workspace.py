@@ -1,0 +1,70 @@
+"""Wires a `Config` into live parts: run store, response cache, metered models, environment, runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from .config import Config
+from .envs import Environment, Task, get_environment, seeded_order
+from .harness.manifest import HarnessVersion, load_harness
+from .models import MeteredModel, ResponseCache, build_model, default_cache_path
+from .runner import Runner, SandboxLimits
+from .store import RunStore
+
+
+def seed_harness_dir(env: str) -> Path:
+    """The built-in seed harness for an environment (shipped as package data)."""
+    path = Path(str(resources.files("ecdysis.harness") / "seeds" / env))
+    if not path.is_dir():
+        raise FileNotFoundError(f"no built-in seed harness for environment {env!r}")
+    return path
+
+
+@dataclass
+class Workspace:
+    config: Config
+    store: RunStore
+    cache: ResponseCache | None
+    env: Environment
+    models: dict[str, MeteredModel] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, config: Config) -> Workspace:
+        env = get_environment(config.env.name, data_dir=config.env.data_dir, seed=config.run.seed,
+                              **config.env.options)
+        cache = None
+        if config.cache.enabled:
+            cache = ResponseCache(config.cache.path or default_cache_path())
+        return cls(config=config, store=RunStore(config.run.run_dir), cache=cache, env=env)
+
+    def model(self, ref: str, role: str = "agent") -> MeteredModel:
+        """One metered client per (role, reference), sharing the cache."""
+        key = f"{role}|{ref}"
+        if key not in self.models:
+            self.models[key] = MeteredModel(build_model(ref, self.config.settings_for(ref)),
+                                            cache=self.cache, role=role)
+        return self.models[key]
+
+    def harness(self) -> HarnessVersion:
+        directory = self.config.agent.harness or seed_harness_dir(self.config.env.name)
+        return load_harness(directory)
+
+    def tasks(self, split: str, limit: int | None) -> list[Task]:
+        ordered = seeded_order(self.env.tasks(split), self.config.run.seed)
+        return ordered[:limit] if limit else ordered
+
+    def runner(self, run_id: str, model_ref: str | None = None) -> Runner:
+        s = self.config.sandbox
+        return Runner(
+            store=self.store, run_id=run_id, model=self.model(model_ref or self.config.agent.model),
+            env=self.env, env_name=self.config.env.name, env_options=self.config.env.options,
+            limits=SandboxLimits(timeout_s=s.timeout_s, memory_mb=s.memory_mb, cpu_s=s.cpu_s, file_mb=s.file_mb),
+            concurrency=self.config.run.concurrency, show_progress=self.config.run.progress,
+        )
+
+    def close(self) -> None:
+        self.store.close()
+        if self.cache is not None:
+            self.cache.close()
