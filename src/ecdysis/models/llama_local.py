@@ -72,7 +72,8 @@ class LlamaCppModel:
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
-    def _generate(self, request: ChatRequest) -> dict[str, Any]:
+    def _generate(self, request: ChatRequest) -> tuple[dict[str, Any], float]:
+        """Generate under the model's lock; returns the completion and the generation time only."""
         llm, lock = load_llama(self.path, self.n_ctx, self.n_threads)
         p = request.params
         kwargs: dict[str, Any] = {
@@ -88,12 +89,13 @@ class LlamaCppModel:
         if p.json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
         with lock:
-            return llm.create_chat_completion(**kwargs)
+            start = time.perf_counter()
+            out = llm.create_chat_completion(**kwargs)
+            return out, time.perf_counter() - start
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        start = time.perf_counter()
         try:
-            out = await asyncio.to_thread(self._generate, request)
+            out, seconds = await asyncio.to_thread(self._generate, request)
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
@@ -105,7 +107,7 @@ class LlamaCppModel:
                 prompt_tokens=usage.get("prompt_tokens", 0),
                 completion_tokens=usage.get("completion_tokens", 0),
             ),
-            latency_s=time.perf_counter() - start,
+            latency_s=seconds,
             cost_usd=0.0,
             model_id=self.identity,
         )

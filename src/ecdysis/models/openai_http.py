@@ -97,9 +97,11 @@ class OpenAICompatModel:
             kwargs["response_format"] = self._response_format(p.json_schema)
         try:
             return await self._client.chat.completions.create(**kwargs)
-        except openai.BadRequestError:
-            # Some servers (llama-cpp-python) only take {"type": "json_object", "schema": ...}.
-            if p.json_schema is None or self._schema_style != "json_schema":
+        except openai.APIStatusError as exc:
+            # Some servers (llama-cpp-python) only take {"type": "json_object", "schema": ...}
+            # and reject the OpenAI form with a 400, 422 or even a 500 naming response_format.
+            rejects_style = exc.status_code in (400, 422) or "response_format" in str(exc)
+            if p.json_schema is None or self._schema_style != "json_schema" or not rejects_style:
                 raise
             self._schema_style = "json_object"
             kwargs["response_format"] = self._response_format(p.json_schema)

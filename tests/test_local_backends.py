@@ -1,0 +1,122 @@
+"""Real backends with SmolLM2-135M: embedded llama.cpp, and llama.cpp's OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ecdysis.models import ChatRequest, GenerationParams, Message, MeteredModel, ModelError, ResponseCache, build_model
+from ecdysis.models.openai_http import OpenAICompatModel
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+    "required": ["city", "country"],
+}
+
+
+def req(text: str, **params: object) -> ChatRequest:
+    return ChatRequest(messages=[Message(role="user", content=text)],
+                       params=GenerationParams(**{"max_tokens": 24, **params}))
+
+
+async def test_embedded_generates_text(smollm_path: Path) -> None:
+    model = build_model("local:smollm2-135m")
+    response = await model.chat(req("Name a fruit."))
+    assert response.text.strip()
+    assert response.usage.completion_tokens > 0 and response.usage.prompt_tokens > 0
+    assert response.finish_reason in {"stop", "length"}
+    assert response.model_id.startswith("llama.cpp:b179c952")
+
+
+async def test_embedded_json_schema_reply_parses(smollm_path: Path) -> None:
+    model = build_model("local:smollm2-135m")
+    response = await model.chat(req("Where is the Eiffel Tower? Reply in JSON.", max_tokens=60, json_schema=SCHEMA))
+    data = json.loads(response.text)
+    assert set(data) >= {"city", "country"} and isinstance(data["city"], str)
+
+
+async def test_second_identical_call_hits_cache_without_model_time(smollm_path: Path, tmp_path: Path) -> None:
+    metered = MeteredModel(build_model("local:smollm2-135m"), cache=ResponseCache(tmp_path / "c.sqlite"))
+    first = await metered.chat(req("Count to five."))
+    start = time.perf_counter()
+    second = await metered.chat(req("Count to five."))
+    elapsed = time.perf_counter() - start
+    assert not first.cache_hit and first.latency_s > 0
+    assert second.cache_hit and second.text == first.text and second.latency_s == 0.0
+    assert metered.stats.cache_hits == 1 and metered.stats.model_time_s == first.latency_s
+    assert elapsed < first.latency_s
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def llama_server(smollm_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm_path), "--model_alias", "smol",
+         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"{base}/models", timeout=2).read()
+            break
+        except OSError:
+            assert proc.poll() is None, "llama.cpp server exited during start-up"
+            time.sleep(0.3)
+    else:
+        proc.kill()
+        pytest.fail("llama.cpp server did not start within 90s")
+    yield proc, base
+    proc.kill()
+    proc.wait()
+
+
+async def test_http_backend_against_real_llama_server(llama_server: tuple[subprocess.Popen[bytes], str]) -> None:
+    proc, base = llama_server
+    model = build_model(f"{base}::smol")
+    single = await model.chat(req("Say hello."))
+    assert single.text.strip() and single.usage.completion_tokens > 0
+    batch = await asyncio.gather(*(model.chat(req(f"Give one word about the number {i}.")) for i in range(4)))
+    assert all(r.text.strip() for r in batch)
+    structured = await model.chat(req("Where is the Colosseum? Reply in JSON.", max_tokens=60, json_schema=SCHEMA))
+    assert {"city", "country"} <= set(json.loads(structured.text))
+
+
+async def test_server_stopped_midway_gives_bounded_retries_then_clear_error(
+    llama_server: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    proc, base = llama_server
+    model = OpenAICompatModel(base, "smol", max_retries=2, backoff_initial_s=0.1, backoff_max_s=0.5,
+                              attempt_timeout_s=30)
+    assert (await model.chat(req("Warm up."))).text
+    calls = [asyncio.create_task(model.chat(req(f"Write a long story about dragon {i}.", max_tokens=400)))
+             for i in range(3)]
+    await asyncio.sleep(0.5)
+    proc.kill()
+    proc.wait()
+    start = time.perf_counter()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    failures = [r for r in results if isinstance(r, ModelError)]
+    assert failures, results
+    assert all(isinstance(r, ModelError) or r.text for r in results)  # type: ignore[union-attr]
+    assert "cannot reach" in str(failures[0]) and "Is the server running" in str(failures[0])
+    with pytest.raises(ModelError, match="after 3 attempts"):
+        await model.chat(req("Anyone there?"))
+    assert time.perf_counter() - start < 30
