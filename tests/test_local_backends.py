@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from ecdysis.models import ChatRequest, GenerationParams, Message, MeteredModel, ModelError, ResponseCache, build_model
+from ecdysis.models import (
+    ChatRequest,
+    GenerationParams,
+    Message,
+    MeteredModel,
+    ModelError,
+    ResponseCache,
+    build_model,
+)
 from ecdysis.models.openai_http import OpenAICompatModel
 
 SCHEMA = {

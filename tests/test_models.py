@@ -23,8 +23,8 @@ from ecdysis.models import (
     ResponseCache,
     ScriptedModel,
     build_model,
+    local_models,
 )
-from ecdysis.models import local_models
 from ecdysis.models.base import cache_key
 from ecdysis.models.openai_http import OpenAICompatModel
 

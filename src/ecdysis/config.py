@@ -42,7 +42,7 @@ class AgentSection(BaseModel):
 
 
 class EvalSection(BaseModel):
-    split: Literal["train", "val", "test"] = "test"
+    split: str = "test"  # train | val | test (dbbench also: dev = train + val)
     limit: int | None = 20
     trials: int = 1
 
@@ -103,6 +103,9 @@ class Config(BaseModel):
         return getattr(self.roles, role) or self.agent.model
 
 
+FILE_RELATIVE_PATHS = (("agent", "harness"), ("env", "data_dir"), ("run", "run_dir"), ("cache", "path"))
+
+
 def _parse_value(text: str) -> Any:
     try:
         return tomllib.loads(f"v = {text}")["v"]
@@ -135,15 +138,14 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
             raise ConfigError(f"config file {path} does not exist") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: invalid TOML: {exc}") from exc
+    if path is not None:  # paths in the file are relative to the file; overrides to the cwd
+        base = Path(path).resolve().parent
+        for section, key in FILE_RELATIVE_PATHS:
+            value = data.get(section, {}).get(key)
+            if isinstance(value, str) and not Path(value).is_absolute():
+                data[section][key] = str(base / value)
     apply_overrides(data, overrides or [])
     try:
-        config = Config.model_validate(data)
+        return Config.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(f"{path or 'config'}: {exc}") from exc
-    if path is not None:
-        base = Path(path).resolve().parent
-        for section, key in (("agent", "harness"), ("env", "data_dir"), ("run", "run_dir")):
-            value = getattr(getattr(config, section), key)
-            if value is not None and not Path(value).is_absolute():
-                setattr(getattr(config, section), key, base / value)
-    return config

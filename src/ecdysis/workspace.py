@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -25,8 +26,6 @@ def seed_harness_dir(env: str) -> Path:
 @dataclass
 class Workspace:
     config: Config
-    store: RunStore
-    cache: ResponseCache | None
     env: Environment
     models: dict[str, MeteredModel] = field(default_factory=dict)
 
@@ -34,10 +33,17 @@ class Workspace:
     def open(cls, config: Config) -> Workspace:
         env = get_environment(config.env.name, data_dir=config.env.data_dir, seed=config.run.seed,
                               **config.env.options)
-        cache = None
-        if config.cache.enabled:
-            cache = ResponseCache(config.cache.path or default_cache_path())
-        return cls(config=config, store=RunStore(config.run.run_dir), cache=cache, env=env)
+        return cls(config=config, env=env)
+
+    @cached_property
+    def store(self) -> RunStore:
+        """Created on first use, so a command that fails validation writes nothing."""
+        return RunStore(self.config.run.run_dir)
+
+    @cached_property
+    def cache(self) -> ResponseCache | None:
+        c = self.config.cache
+        return ResponseCache(c.path or default_cache_path()) if c.enabled else None
 
     def model(self, ref: str, role: str = "agent") -> MeteredModel:
         """One metered client per (role, reference), sharing the cache."""
@@ -65,6 +71,7 @@ class Workspace:
         )
 
     def close(self) -> None:
-        self.store.close()
-        if self.cache is not None:
+        if "store" in self.__dict__:
+            self.store.close()
+        if self.__dict__.get("cache") is not None:
             self.cache.close()

@@ -7,7 +7,7 @@ import hashlib
 import json
 import shutil
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,8 +15,15 @@ from rich.console import Console
 from ..config import Config, ConfigError, load_config
 from ..envs import DataNotFoundError, TaskFileError, UnknownEnvironmentError
 from ..harness.manifest import HarnessError
-from ..models import ChatRequest, GenerationParams, Message, ModelConfigError, ModelError, build_model
-from ..models import local_models
+from ..models import (
+    ChatRequest,
+    GenerationParams,
+    Message,
+    ModelConfigError,
+    ModelError,
+    build_model,
+    local_models,
+)
 from . import views
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
@@ -29,8 +36,8 @@ console = Console()
 USER_ERRORS = (ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
                ModelConfigError, ModelError, FileNotFoundError, ValueError)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML config file.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", help="Override: section.key=value.")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: section.key=value.")]
 
 
 def fail(message: str) -> None:
@@ -53,7 +60,7 @@ def chat(
     prompt: Annotated[str, typer.Argument(help="The user message.")],
     max_tokens: int = 128,
     temperature: float = 0.0,
-    json_schema: Annotated[Optional[Path], typer.Option(help="JSON schema file to constrain the reply.")] = None,
+    json_schema: Annotated[Path | None, typer.Option(help="JSON schema file to constrain the reply.")] = None,
 ) -> None:
     """One model call: print the reply and its usage."""
     try:
@@ -120,18 +127,18 @@ def init(
 def eval_cmd(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    env: Annotated[Optional[str], typer.Option(help="gsm8k | dbbench | jsonl")] = None,
-    harness: Annotated[Optional[Path], typer.Option(help="Harness directory (default: built-in seed).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Agent model reference.")] = None,
-    split: Annotated[Optional[str], typer.Option(help="train | val | test")] = None,
-    limit: Annotated[Optional[int], typer.Option(help="Number of tasks (seeded choice).")] = None,
-    trials: Annotated[Optional[int], typer.Option(help="Trials per task.")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory (holds the database).")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
-    tasks_file: Annotated[Optional[Path], typer.Option("--tasks", help="JSONL tasks (env jsonl).")] = None,
-    grader: Annotated[Optional[str], typer.Option(help="module:function grader (env jsonl).")] = None,
-    concurrency: Annotated[Optional[int], typer.Option(help="Episodes in parallel.")] = None,
-    timeout: Annotated[Optional[float], typer.Option(help="Seconds per task.")] = None,
+    env: Annotated[str | None, typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    harness: Annotated[Path | None, typer.Option(help="Harness directory (default: built-in seed).")] = None,
+    model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
+    split: Annotated[str | None, typer.Option(help="train | val | test")] = None,
+    limit: Annotated[int | None, typer.Option(help="Number of tasks (seeded choice).")] = None,
+    trials: Annotated[int | None, typer.Option(help="Trials per task.")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+    tasks_file: Annotated[Path | None, typer.Option("--tasks", help="JSONL tasks (env jsonl).")] = None,
+    grader: Annotated[str | None, typer.Option(help="module:function grader (env jsonl).")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="Episodes in parallel.")] = None,
+    timeout: Annotated[float | None, typer.Option(help="Seconds per task.")] = None,
 ) -> None:
     """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
     from ..workspace import Workspace
@@ -148,6 +155,7 @@ def eval_cmd(
         tasks = ws.tasks(cfg.eval.split, cfg.eval.limit)
         if not tasks:
             fail(f"no tasks in split {cfg.eval.split!r}")
+        ws.model(cfg.agent.model)  # a bad model reference fails before anything is written
         key = hashlib.sha256(cfg.model_dump_json().encode() + version.id.encode()).hexdigest()[:10]
         run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
         runner = ws.runner(run_id)

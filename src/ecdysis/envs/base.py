@@ -85,6 +85,11 @@ class NoToolEpisode:
         return None
 
 
+def check_split(split: str, extra: tuple[str, ...] = ()) -> None:
+    if split not in SPLITS + extra:
+        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS + extra)}")
+
+
 def stable_id(prefix: str, *parts: str) -> str:
     h = hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:12]
     return f"{prefix}-{h}"

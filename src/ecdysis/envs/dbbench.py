@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.api import Action, ToolSpec
-from .base import Score, Task, TaskFileError, data_file, read_jsonl, require, split_of, stable_id
+from .base import (
+    Score,
+    Task,
+    TaskFileError,
+    check_split,
+    data_file,
+    read_jsonl,
+    require,
+    split_of,
+    stable_id,
+)
 
 URL = "https://raw.githubusercontent.com/THUDM/AgentBench/main/data/dbbench/{}.jsonl"
 SQL_TOOL = ToolSpec("sql", "Execute one SQLite statement on the task's database and see the result rows.")
@@ -143,8 +153,12 @@ class DBBench:
         return tasks
 
     def tasks(self, split: str) -> list[Task]:
+        """train/val partition dev.jsonl, `dev` is all of it, `test` is standard.jsonl."""
         if split == "test":
             return self._load("standard.jsonl")
+        if split == "dev":
+            return self._load("dev.jsonl")
+        check_split(split)
         return [t for t in self._load("dev.jsonl") if t.split == split]
 
     def expected_rows(self, task: Task) -> list[list[str]]:

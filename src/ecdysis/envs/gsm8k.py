@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Any
 
 from ..harness.api import Action, ToolSpec
-from .base import Score, Task, TaskFileError, data_file, read_jsonl, require, split_of, stable_id
+from .base import (
+    Score,
+    Task,
+    TaskFileError,
+    check_split,
+    data_file,
+    read_jsonl,
+    require,
+    split_of,
+    stable_id,
+)
 
 URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{}.jsonl"
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
@@ -87,6 +97,7 @@ class GSM8K:
     def tasks(self, split: str) -> list[Task]:
         if split == "test":
             return self._load("test.jsonl", "test")
+        check_split(split)
         return [t for t in self._load("train.jsonl", "train") if t.split == split]
 
     def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:

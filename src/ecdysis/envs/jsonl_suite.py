@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .base import SPLITS, NoToolEpisode, Score, Task, TaskFileError, read_jsonl, require
+from .base import (
+    SPLITS,
+    NoToolEpisode,
+    Score,
+    Task,
+    TaskFileError,
+    check_split,
+    read_jsonl,
+    require,
+)
 
 Grader = Callable[[str | None, Any], float | bool]
 
@@ -71,6 +80,7 @@ class JsonlSuite:
         return tasks
 
     def tasks(self, split: str) -> list[Task]:
+        check_split(split)
         return [t for t in self.all_tasks() if t.split == split]
 
     def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:

@@ -30,17 +30,22 @@ def parse_skills(text: str | None) -> list[Skill]:
 
 
 def retrieve(skills: list[Skill], query: str, top_k: int) -> list[Skill]:
-    """Always-on skills first, then the top-k BM25 matches of trigger+tip against the task text."""
+    """Always-on skills first, then the top-k BM25+ matches (sharing a word with the task text).
+
+    BM25+ keeps idf positive on the tiny corpora harnesses have (Okapi's is 0 with two documents).
+    """
     always = [s for s in skills if s.trigger.strip() == "*"]
     rest = [s for s in skills if s.trigger.strip() != "*"]
     if not rest or top_k <= 0:
         return always
-    from rank_bm25 import BM25Okapi
+    from rank_bm25 import BM25Plus
 
-    bm25 = BM25Okapi([tokenize(f"{s.trigger} {s.tip}") or ["_"] for s in rest])
-    scores = bm25.get_scores(tokenize(query))
-    ranked = sorted(zip(scores, range(len(rest))), key=lambda p: (-p[0], p[1]))
-    return always + [rest[i] for score, i in ranked[:top_k] if score > 0]
+    docs = [tokenize(f"{s.trigger} {s.tip}") or ["_"] for s in rest]
+    words = tokenize(query)
+    scores = BM25Plus(docs).get_scores(words)
+    vocabulary = set(words)
+    ranked = sorted((i for i in range(len(rest)) if vocabulary & set(docs[i])), key=lambda i: (-scores[i], i))
+    return always + [rest[i] for i in ranked[:top_k]]
 
 
 def parse_demos(text: str | None) -> list[dict[str, str]]:

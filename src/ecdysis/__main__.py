@@ -1,0 +1,3 @@
+from ecdysis.cli.main import main
+
+main()

@@ -1,0 +1,100 @@
+"""The command line end to end (scripted agent model): init, eval, kill and resume, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ecdysis.store import DB_NAME, RunStore
+
+
+def ecdysis(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ecdysis", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_init_then_eval_with_scripted_model(tmp_path: Path, data_dir: Path) -> None:
+    out = ecdysis("init", "proj", "--env", "gsm8k", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "proj" / "harness" / "harness.toml").exists()
+    assert (tmp_path / "proj" / "ecdysis.toml").exists()
+    out = ecdysis("eval", "-c", "proj/ecdysis.toml", "--model", "scripted:Answer: 18", "--limit", "3",
+                  "--data-dir", str(data_dir), "--run-dir", "r", cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "accuracy" in out.stdout and "answered=3" in out.stdout
+    store = RunStore(tmp_path / "r")
+    (run,) = store.runs()
+    (evaluation,) = store.evaluations(run["id"])
+    assert len(store.trajectories(evaluation["id"])) == 3
+    listing = ecdysis("runs", "list", "--run-dir", "r", cwd=tmp_path)
+    assert run["id"] in listing.stdout
+    shown = ecdysis("show", run["id"][:12], "--run-dir", "r", cwd=tmp_path)
+    assert shown.returncode == 0 and "Model calls by role" in shown.stdout
+
+
+SLOW_ACTION = (
+    "import time\nfrom ecdysis.harness.api import answer\n"
+    "def realize(reply, ctx):\n    time.sleep(0.6)\n    return answer('1')\n"
+)
+
+
+def test_killed_eval_leaves_readable_store_and_resumes(tmp_path: Path, data_dir: Path) -> None:
+    assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
+    (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
+    args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
+            "--limit", "10", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    db = tmp_path / "r" / DB_NAME
+    deadline = time.time() + 60
+    done = 0
+    while time.time() < deadline and done < 3:
+        time.sleep(0.2)
+        if db.exists():
+            try:
+                done = sqlite3.connect(db).execute("SELECT COUNT(*) FROM trajectories").fetchone()[0]
+            except sqlite3.OperationalError:
+                pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    store = RunStore(tmp_path / "r")
+    (run,) = store.runs()
+    (evaluation,) = store.evaluations(run["id"])
+    kept = store.trajectories(evaluation["id"])
+    assert 3 <= len(kept) < 10 and all(t.termination == "answered" for t in kept)
+    calls_before = len(sqlite3.connect(db).execute("SELECT id FROM model_calls").fetchall())
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert len(store.trajectories(evaluation["id"])) == 10
+    calls_after = len(sqlite3.connect(db).execute("SELECT id FROM model_calls").fetchall())
+    assert calls_after - calls_before <= 10 - len(kept) + 1  # finished tasks were not run again
+    assert [r["id"] for r in store.runs()] == [run["id"]]
+
+
+def test_bad_inputs_give_clear_errors(tmp_path: Path, data_dir: Path) -> None:
+    assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
+    harness = tmp_path / "proj" / "harness"
+    (harness / "action.py").write_text("def realize(reply, ctx)\n    pass\n")
+    base = ["eval", "--model", "scripted:x", "--data-dir", str(data_dir), "--run-dir", "r", "--limit", "1"]
+    out = ecdysis(*base, "--harness", str(harness), cwd=tmp_path)
+    assert out.returncode == 2 and "action.py, line 1: syntax error" in out.stdout
+    assert not (tmp_path / "r").exists()  # nothing half-written
+    (harness / "harness.toml").unlink()
+    out = ecdysis(*base, "--harness", str(harness), cwd=tmp_path)
+    assert out.returncode == 2 and "no harness.toml" in out.stdout
+    out = ecdysis("eval", "--env", "webshop", "--model", "scripted:x", "--run-dir", "r2", cwd=tmp_path)
+    assert out.returncode == 2 and "unknown environment 'webshop'" in out.stdout
+    out = ecdysis("eval", "--model", "nonsense", "--data-dir", str(data_dir), "--run-dir", "r3", cwd=tmp_path)
+    assert out.returncode == 2 and "Known forms" in out.stdout
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[eval]\ntrials = 'many'\n")
+    out = ecdysis("eval", "-c", str(bad), cwd=tmp_path)
+    assert out.returncode == 2 and "trials" in out.stdout
+    out = ecdysis("chat", "http://127.0.0.1:9/v1::m", "hi", cwd=tmp_path)
+    assert out.returncode == 2 and "cannot reach" in out.stdout
+    assert json.loads(json.dumps({"ok": True}))

@@ -1,0 +1,80 @@
+"""Harness code misbehaving inside the sandbox: every case is a recorded failure; the batch goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import seed_with
+
+from ecdysis.envs import get_environment, seeded_order
+from ecdysis.models import MeteredModel, ScriptedModel
+from ecdysis.runner import Runner, SandboxLimits
+from ecdysis.store import RunStore
+
+HEADER = "from ecdysis.harness.api import answer\n"
+BEHAVIOURS = {
+    "raises": HEADER + "def realize(reply, ctx):\n    raise RuntimeError('boom in realize')\n",
+    "import_error": "import module_that_does_not_exist\n" + HEADER + "def realize(reply, ctx):\n    return answer('1')\n",
+    "loops": HEADER + "def realize(reply, ctx):\n    while True:\n        pass\n",
+    "memory": HEADER + "def realize(reply, ctx):\n    block = bytearray(16 * 1024 ** 3)\n    return answer(str(len(block)))\n",
+    "network": "import socket\n" + HEADER + "def realize(reply, ctx):\n"
+               "    socket.create_connection(('127.0.0.1', 9), timeout=1)\n    return answer('1')\n",
+    "subprocess": "import subprocess\n" + HEADER + "def realize(reply, ctx):\n"
+                  "    subprocess.run(['true'])\n    return answer('1')\n",
+    "secrets_and_prints": "import os\n" + HEADER + "def realize(reply, ctx):\n"
+                          "    print('noise on stdout')\n    return answer(os.environ.get('OPENAI_API_KEY', '18'))\n",
+}
+EXPECTED = {
+    "raises": ("crash", "RuntimeError: boom in realize"),
+    "import_error": ("crash", "ModuleNotFoundError"),
+    "loops": ("timeout", "time limit"),
+    "memory": ("crash", "MemoryError"),
+    "network": ("crash", "network access is disabled"),
+    "subprocess": ("crash", "starting processes is disabled"),
+}
+
+
+@pytest.fixture()
+def runner_parts(tmp_path: Path, data_dir: Path):  # type: ignore[no-untyped-def]
+    env = get_environment("gsm8k", data_dir=data_dir)
+    tasks = seeded_order(env.tasks("test"), 0)[:2]
+    store = RunStore(tmp_path / "run")
+    run_id = store.start_run("test", {})
+    model = MeteredModel(ScriptedModel(["Answer: 18"]))
+    runner = Runner(store=store, run_id=run_id, model=model, env=env, env_name="gsm8k",
+                    limits=SandboxLimits(timeout_s=8, memory_mb=1024, cpu_s=30), concurrency=2,
+                    show_progress=False)
+    return runner, tasks, store
+
+
+async def test_misbehaving_harnesses_become_recorded_failures(runner_parts, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-should-not-leak")
+    for name, code in BEHAVIOURS.items():
+        version = seed_with("gsm8k", **{"action.py": code})
+        summary = await runner.evaluate(version, tasks, trials=1, split="test", label=name)
+        assert summary.episodes == len(tasks), name
+        trajectories = store.trajectories(summary.eval_id)
+        assert len(trajectories) == len(tasks)
+        for traj in trajectories:
+            if name == "secrets_and_prints":
+                assert traj.termination == "answered" and traj.final_answer == "18"
+                assert "netns" in traj.isolation and "audit-hook" in traj.isolation
+                continue
+            termination, needle = EXPECTED[name]
+            assert traj.termination == termination, (name, traj.traceback)
+            assert needle in (traj.traceback or ""), (name, traj.traceback)
+            assert traj.score == 0.0
+            if name != "import_error":
+                assert traj.model_calls == 1 and traj.replies() == ["Answer: 18"]  # the served call is kept
+
+
+async def test_worker_killed_by_cpu_limit_is_a_crash(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    runner.limits = SandboxLimits(timeout_s=20, memory_mb=1024, cpu_s=1)
+    version = seed_with("gsm8k", **{"action.py": BEHAVIOURS["loops"]})
+    summary = await runner.evaluate(version, tasks[:1], label="cpu")
+    traj = store.trajectories(summary.eval_id)[0]
+    assert traj.termination == "crash"
+    assert "SIGXCPU" in (traj.traceback or "") or "SIGKILL" in (traj.traceback or "")
