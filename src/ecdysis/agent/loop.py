@@ -17,6 +17,7 @@ from typing import Any
 from ..envs.base import Episode
 from ..harness.api import Action, ActionContext, Reject, StepState, ToolSpec, Verdict
 from ..harness.manifest import HarnessVersion
+from ..harness.repairs import REPAIRS_FILE, Repair, parse_repairs, try_repairs
 from ..harness.skills import parse_demos, parse_skills, retrieve
 from .trajectory import Trajectory
 
@@ -98,6 +99,23 @@ def _default_regulate(state: StepState) -> Verdict:
     return Verdict()
 
 
+def realize_reply(realize: Callable[[str, ActionContext], Action | Reject], repairs: list[Repair],
+                  reply: str, ctx: ActionContext) -> tuple[Action | Reject, str | None]:
+    """H2 on one reply: the harness's realize, then enabled repairs if it rejected. (result, repair)"""
+    result = realize(reply, ctx)
+    if isinstance(result, Reject) and repairs:
+        repaired = try_repairs(repairs, reply, ctx.tools)
+        if repaired is not None:
+            return repaired
+    return result, None
+
+
+def load_realize(harness: HarnessVersion, harness_dir: Path) -> Callable[[str, ActionContext], Action | Reject]:
+    if harness.manifest.files.action:
+        return load_module(harness_dir / harness.manifest.files.action, "harness_action").realize
+    return _default_realize
+
+
 def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any], episode: Episode,
                 chat: ChatFn, traj: Trajectory, trial: int = 0) -> None:
     """Fill `traj` by running one episode. Raises on harness errors (the caller records them)."""
@@ -115,10 +133,9 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
         traj.final_answer = None if answer is None else str(answer)
         traj.termination = "answered" if answer is not None else "stopped"
         return
-    realize = _default_realize
+    realize = load_realize(harness, harness_dir)
+    repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
     regulate = _default_regulate
-    if m.files.action:
-        realize = load_module(harness_dir / m.files.action, "harness_action").realize
     if m.files.regulate:
         regulate = load_module(harness_dir / m.files.regulate, "harness_regulate").regulate
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
@@ -130,7 +147,9 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
         session.turn = turn
         reply = session.chat(list(messages))
         messages.append({"role": "assistant", "content": reply})
-        result = realize(reply, ActionContext(tools, turn, task["prompt"]))
+        result, repaired_by = realize_reply(realize, repairs, reply, ActionContext(tools, turn, task["prompt"]))
+        if repaired_by:
+            traj.add("repair", turn, name=repaired_by)
         if isinstance(result, Reject):
             rejections += 1
             traj.add("rejection", turn, feedback=result.feedback, rule=result.rule)

@@ -168,6 +168,35 @@ def eval_cmd(
     ws.close()
 
 
+@app.command()
+def train(
+    config: ConfigOpt = None,
+    sets: SetOpt = None,
+    arm: Annotated[str, typer.Option(help="ecdysis (debate) | aggregate (single analyst)")] = "ecdysis",
+    env: Annotated[Optional[str], typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    harness: Annotated[Optional[Path], typer.Option(help="Seed harness directory.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Agent model reference.")] = None,
+    roles_model: Annotated[Optional[str], typer.Option(help="One model for every optimizer role.")] = None,
+    rounds: Annotated[Optional[int], typer.Option(help="Maximum rounds.")] = None,
+    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory.")] = None,
+    data_dir: Annotated[Optional[Path], typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+) -> None:
+    """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable."""
+    from ..trainer import train as run_training
+
+    roles = {f"roles.{r}": roles_model for r in ("analyst", "critic", "engineer", "moderator", "implementer")}
+    try:
+        cfg = build_config(config, sets, **{
+            "env.name": env, "agent.harness": harness, "agent.model": model, "train.rounds": rounds,
+            "run.run_dir": run_dir, "env.data_dir": data_dir, **roles,
+        })
+        result = run_training(cfg, arm=arm, console=console)
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    views.train_summary(console, result)
+
+
 @runs_app.command("list")
 def runs_list(run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default")) -> None:
     """Runs stored in a run directory."""

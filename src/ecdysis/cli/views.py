@@ -42,6 +42,27 @@ def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -
     console.print(f"[dim]stored in {run_dir}; `ecdysis show {run_id} --run-dir {run_dir}`[/]")
 
 
+def train_summary(console: Console, r: Any) -> None:
+    table = Table(title=f"Training run {r.run_id} ({r.arm})", show_header=False)
+    table.add_column("metric")
+    table.add_column("value")
+    for rec in r.rounds:
+        verdict = "accepted" if rec["accepted"] else "rejected"
+        table.add_row(f"round {rec['round']}", f"train {rec['train_score']:.3f}; {rec['recurring']} recurring; "
+                      f"{verdict}: {rec.get('reason', '')}")
+    table.add_row("stop", r.stop_reason)
+    table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
+    if r.test_before:
+        table.add_row("test accuracy (seed)", f"{r.test_before['accuracy']:.3f} on {r.test_before['n_tasks']} tasks")
+    if r.test_after:
+        table.add_row("test accuracy (final)", f"{r.test_after['accuracy']:.3f} on {r.test_after['n_tasks']} tasks")
+    table.add_row("training wall time", f"{r.wall_s:.1f}s")
+    table.add_row("agent executions (train)", str(r.agent_executions))
+    table.add_row("optimizer calls / tokens", f"{r.optimizer_calls} / {r.optimizer_tokens}")
+    table.add_row("agent tokens (all)", str(r.agent_tokens))
+    console.print(table)
+
+
 def runs_table(console: Console, store: RunStore) -> None:
     table = Table(title=f"Runs in {store.run_dir}")
     for col in ("id", "kind", "status", "created", "evaluations"):

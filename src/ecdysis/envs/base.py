@@ -64,6 +64,7 @@ class Episode(Protocol):
 
 class Environment(Protocol):
     name: str
+    tool_names: tuple[str, ...]  # tools its episodes can offer
 
     def tasks(self, split: str) -> list[Task]: ...
 

@@ -131,6 +131,7 @@ class DBBench:
     data_dir: Path | None = None
     seed: int = 0
     val_fraction: float = 0.2
+    tool_names: tuple[str, ...] = ("sql",)
     name: str = "dbbench"
 
     def _load(self, filename: str) -> list[Task]:

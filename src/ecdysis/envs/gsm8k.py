@@ -77,6 +77,7 @@ class GSM8K:
     data_dir: Path | None = None
     seed: int = 0
     val_fraction: float = 0.2
+    tool_names: tuple[str, ...] = ("python",)
     name: str = "gsm8k"
 
     def _load(self, filename: str, split_for: str) -> list[Task]:

@@ -51,6 +51,7 @@ class JsonlSuite:
     grader: str = "ecdysis.envs.jsonl_suite:exact_match"
     seed: int = 0
     fractions: tuple[float, float] = (0.6, 0.2)  # train, val; the rest is test
+    tool_names: tuple[str, ...] = ()
     name: str = "jsonl"
     _grader_fn: Grader | None = field(default=None, repr=False)
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
+from .repairs import REPAIRS_FILE, parse_repairs
+
 MANIFEST = "harness.toml"
 LAYER_FILES = ("contract", "skills", "demos", "action", "regulate", "loop")
 MAX_FILE_BYTES = 256_000
@@ -131,6 +133,11 @@ def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
                 json.loads(text)
             except json.JSONDecodeError as exc:
                 raise HarnessError(f"{origin}/{rel}, line {exc.lineno}: invalid JSON: {exc.msg}") from exc
+    if REPAIRS_FILE in files:
+        try:
+            parse_repairs(files[REPAIRS_FILE])
+        except (ValueError, json.JSONDecodeError) as exc:
+            raise HarnessError(f"{origin}/{REPAIRS_FILE}: {exc}") from exc
     if manifest.mode == "freeform" and manifest.files.loop is None:
         raise HarnessError(f"{origin}/{MANIFEST}: mode 'freeform' needs files.loop")
 

@@ -131,6 +131,30 @@ async def run_in_sandbox(
     return result
 
 
+async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]], limits: SandboxLimits) -> dict[str, Any]:
+    """Run the candidate's H2 over stored replies in a worker; returns {"results"} or {"error"}."""
+    request = {"mode": "replay", "files": files, "items": items,
+               "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb}}
+    with tempfile.TemporaryDirectory(prefix="ecdysis-replay-") as workdir:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ecdysis.runner.worker", stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=workdir,
+            env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
+        )
+        try:
+            out, err = await asyncio.wait_for(proc.communicate((json.dumps(request) + "\n").encode()),
+                                              timeout=limits.timeout_s)
+        except TimeoutError:
+            _kill(proc)
+            await proc.wait()
+            return {"error": f"replay exceeded {limits.timeout_s:g}s"}
+    for line in out.decode(errors="replace").splitlines():
+        message = json.loads(line)
+        if message.get("op") == "done":
+            return message["replay"]
+    return {"error": f"replay worker died: {err.decode(errors='replace')[-STDERR_TAIL:]}"}
+
+
 def _failed(harness_id: str, task_id: str, trial: int, termination: str, detail: str,
             served: list[dict[str, Any]], stderr: bytearray, returncode: int | None) -> Trajectory:
     traj = Trajectory(task_id=task_id, trial=trial, harness_id=harness_id, termination=termination)

@@ -87,6 +87,38 @@ class HostLink:
         return self.receive()
 
 
+def replay(request: dict[str, Any]) -> dict[str, Any]:
+    """Realize stored replies with a candidate's H2 (no model calls). Per item: one result per reply."""
+    from ..agent.loop import load_realize, realize_reply
+    from ..harness.api import ActionContext, Reject, ToolSpec
+    from ..harness.manifest import version_from_files
+    from ..harness.repairs import REPAIRS_FILE, parse_repairs
+
+    try:
+        harness_dir = Path.cwd() / "harness"
+        harness = version_from_files(request["files"], origin="harness")
+        harness.write(harness_dir)
+        sys.path.insert(0, str(harness_dir))
+        limits = request["limits"]
+        isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"])
+        realize = load_realize(harness, harness_dir)
+        repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
+        results = []
+        for item in request["items"]:
+            tools = tuple(ToolSpec(t, "") for t in item["tools"])
+            out = []
+            for turn, reply in enumerate(item["replies"]):
+                result, _ = realize_reply(realize, repairs, reply, ActionContext(tools, turn, item["prompt"]))
+                if isinstance(result, Reject):
+                    out.append({"reject": result.rule})
+                else:
+                    out.append({"tool": result.tool, "input": result.input})
+            results.append(out)
+        return {"results": results}
+    except BaseException:  # noqa: BLE001 - candidate code failing replay is a result
+        return {"error": traceback.format_exc(limit=10)}
+
+
 def main() -> int:
     # Harness code may print: keep the protocol on a private fd and send fd 1 to stderr.
     link = HostLink(sys.stdin, os.fdopen(os.dup(1), "w", encoding="utf-8"))
@@ -99,6 +131,9 @@ def main() -> int:
     from ..harness.manifest import version_from_files
 
     request = link.receive()
+    if request.get("mode") == "replay":
+        link.send({"op": "done", "replay": replay(request)})
+        return 0
     traj = Trajectory(task_id=request["task"]["id"], trial=request["trial"], harness_id=request["harness_id"])
     episode = None
     try:

@@ -131,6 +131,11 @@ class RunStore:
         rows = self._rows("SELECT task_id, trial FROM trajectories WHERE eval_id=?", (eval_id,))
         return {(r["task_id"], r["trial"]) for r in rows}
 
+    def count_trajectories(self, run_id: str, label: str) -> int:
+        rows = self._rows("SELECT COUNT(*) AS n FROM trajectories t JOIN evaluations e ON t.eval_id = e.id "
+                          "WHERE e.run_id=? AND e.label=?", (run_id, label))
+        return int(rows[0]["n"])
+
     def trajectories(self, eval_id: str) -> list[Trajectory]:
         rows = self._rows("SELECT data FROM trajectories WHERE eval_id=? ORDER BY task_id, trial", (eval_id,))
         return [Trajectory.from_dict(json.loads(r["data"])) for r in rows]
@@ -146,8 +151,10 @@ class RunStore:
 
     def call_totals(self, run_id: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(
-            "SELECT role, COUNT(*) AS calls, SUM(cache_hit) AS cache_hits, SUM(prompt_tokens) AS prompt_tokens, "
-            "SUM(completion_tokens) AS completion_tokens, SUM(latency_s) AS model_time_s, SUM(cost_usd) AS cost_usd "
+            "SELECT role, COUNT(*) AS calls, SUM(cache_hit) AS cache_hits, "
+            "SUM(CASE WHEN cache_hit THEN 0 ELSE prompt_tokens END) AS prompt_tokens, "
+            "SUM(CASE WHEN cache_hit THEN 0 ELSE completion_tokens END) AS completion_tokens, "
+            "SUM(latency_s) AS model_time_s, SUM(cost_usd) AS cost_usd "
             "FROM model_calls WHERE run_id=? GROUP BY role ORDER BY role", (run_id,))]
 
     # trainer records: patterns, transcripts, specs, decisions, timings

@@ -1,0 +1,105 @@
+"""Generic, parameterised H2 repairs that a harness enables by name in `repairs.json`.
+
+When the harness's own `realize` rejects a reply, the enabled repairs are tried in order; the
+first that recovers an action wins and the episode records which one. Small optimizer models can
+pull this lever reliably (a one-word JSON edit) where writing parser code is beyond them; every
+repair is deterministic, so its effect is verified by replaying stored replies.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .api import Action, ToolSpec, answer
+
+REPAIRS_FILE = "repairs.json"
+NUMBER = r"-?\$?\s*[\d,]*\.?\d+"
+_BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_PHRASE = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*[:\s]*(" + NUMBER + ")", re.IGNORECASE)
+_NUM = re.compile(NUMBER)
+_FINAL = re.compile(r"Final Answer:\s*(.+)", re.DOTALL)
+_CODE = re.compile(r"```(?:sql|sqlite)?\s*(.+?)```", re.DOTALL | re.IGNORECASE)
+_SQL_LINE = re.compile(r"^\s*((?:SELECT|INSERT|UPDATE|DELETE|WITH)\b.+?;?)\s*$", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+
+
+def _clean_number(text: str) -> str | None:
+    found = _NUM.findall(text.replace("\\$", "$"))
+    if not found:
+        return None
+    return found[-1].replace("$", "").replace(",", "").strip()
+
+
+def boxed_answer(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    found = _BOXED.findall(reply)
+    if not found:
+        return None
+    value = _clean_number(found[-1])
+    return answer(value if value is not None else found[-1].strip())
+
+
+def answer_phrase(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    found = _PHRASE.findall(reply)
+    value = _clean_number(found[-1]) if found else None
+    return answer(value) if value is not None else None
+
+
+def last_number(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    if tools:
+        return None
+    value = _clean_number(reply)
+    return answer(value) if value is not None else None
+
+
+def final_answer_anywhere(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    found = _FINAL.search(reply)
+    return answer(found.group(1).strip()) if found else None
+
+
+def bare_sql(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    if not any(t.name == "sql" for t in tools) or "Final Answer:" in reply:
+        return None
+    block = _CODE.search(reply) or _SQL_LINE.search(reply)
+    return Action("sql", block.group(1).strip()) if block else None
+
+
+@dataclass(frozen=True)
+class Repair:
+    name: str
+    description: str
+    apply: Callable[[str, tuple[ToolSpec, ...]], Action | None]
+
+
+CATALOG: dict[str, Repair] = {
+    r.name: r
+    for r in (
+        Repair("boxed_answer", "accept a final answer written as \\boxed{...}", boxed_answer),
+        Repair("answer_phrase", "accept 'the answer is N' / 'Final answer: N'", answer_phrase),
+        Repair("last_number", "single-turn: take the last number in the reply as the answer", last_number),
+        Repair("final_answer_anywhere", "accept 'Final Answer: ...' without the action header", final_answer_anywhere),
+        Repair("bare_sql", "tool tasks: run a SQL statement given without the expected action header", bare_sql),
+    )
+}
+
+
+def parse_repairs(text: str | None) -> list[Repair]:
+    """Enabled repairs from `repairs.json` (a list of names); unknown names are an error."""
+    if not text:
+        return []
+    names = json.loads(text)
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{REPAIRS_FILE} must be a JSON list of repair names")
+    unknown = [n for n in names if n not in CATALOG]
+    if unknown:
+        raise ValueError(f"{REPAIRS_FILE}: unknown repair(s) {unknown}; known: {sorted(CATALOG)}")
+    return [CATALOG[n] for n in names]
+
+
+def try_repairs(repairs: list[Repair], reply: str, tools: tuple[ToolSpec, ...]) -> tuple[Action, str] | None:
+    for repair in repairs:
+        action = repair.apply(reply, tools)
+        if action is not None:
+            return action, repair.name
+    return None

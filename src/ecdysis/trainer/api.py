@@ -1,0 +1,58 @@
+"""`train(config)`: the Python API behind `ecdysis train`."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from rich.console import Console
+
+from ..config import Config
+from ..workspace import Workspace
+from .trainer import Trainer, TrainResult
+from .view import TrainView
+
+ARMS_WITH_TRAINER = ("ecdysis", "aggregate")
+
+
+def run_id_for(config: Config, arm: str) -> str:
+    """Stable per config and arm, so re-running the same config resumes the same run."""
+    key = config.model_dump_json(exclude={"run": {"progress"}}) + arm
+    return f"train-{arm}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+async def train_async(config: Config, arm: str = "ecdysis", console: Console | None = None,
+                      ws: Workspace | None = None) -> TrainResult:
+    if arm not in ARMS_WITH_TRAINER:
+        raise ValueError(f"arm {arm!r} is not a trainer arm; use one of {ARMS_WITH_TRAINER}")
+    ws = ws or Workspace.open(config)
+    seed = ws.harness()
+    run_id = ws.store.start_run("train", config.model_dump(mode="json") | {"arm": arm}, run_id=run_id_for(config, arm))
+    trainer = Trainer(ws, run_id, arm, TrainView(console, enabled=console is not None))
+    final, rounds, stop = await trainer.train(seed)
+    frozen, test_before, test_after = await trainer.freeze_and_test(seed, final)
+    timings = dict(ws.store.records(run_id, "timing"))
+    calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
+    optimizer = [row for role, row in calls.items() if role != "agent"]
+    agent_tokens = calls.get("agent", {}).get("prompt_tokens", 0) or 0
+    agent_tokens += calls.get("agent", {}).get("completion_tokens", 0) or 0
+    result = TrainResult(
+        run_id=run_id, arm=arm, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
+        rounds=rounds, stop_reason=stop,
+        train_before=rounds[0]["train_score"] if rounds else 0.0,
+        train_after=next((r.get("candidate_score", r["train_score"]) for r in reversed(rounds) if r["accepted"]),
+                         rounds[0]["train_score"] if rounds else 0.0),
+        test_before=test_before, test_after=test_after,
+        wall_s=sum(v for k, v in timings.items() if k.startswith("r")),
+        agent_executions=ws.store.count_trajectories(run_id, "train"),
+        optimizer_calls=sum(row["calls"] for row in optimizer),
+        optimizer_tokens=sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in optimizer),
+        agent_tokens=agent_tokens, timings=timings,
+    )
+    ws.store.finish_run(run_id, result.to_dict())
+    return result
+
+
+def train(config: Config, arm: str = "ecdysis", console: Console | None = None) -> TrainResult:
+    """Train a harness from `config` (resuming a previous run of the same config) and return the result."""
+    return asyncio.run(train_async(config, arm, console))

@@ -1,0 +1,140 @@
+"""Checks a candidate harness must pass before any agent run.
+
+Static: it parses and compiles, keeps the layer interface, edits only relative harness paths, and
+copies no training task ids, task text or distinctive gold answers. Dynamic (for changes to H2
+parsing only): a replay of stored trajectories' model replies through the new code, in the sandbox
+and without model calls, must not lose a passing task.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Environment, Task
+from ..harness.manifest import HarnessError, HarnessVersion, version_from_files
+from ..runner.sandbox import SandboxLimits, replay_in_sandbox
+
+INTERFACE = {"action": ("realize", 2), "regulate": ("regulate", 1), "loop": ("run", 1)}
+SHINGLE = 8
+EXEMPT_FROM_LEAK_CHECK = ("demos.json",)  # library-bootstrapped from passing training trajectories
+
+
+class CheckFailed(ValueError):
+    pass
+
+
+@dataclass
+class ReplayReport:
+    lost: list[str] = field(default_factory=list)  # passing tasks that would fail
+    gained: list[str] = field(default_factory=list)  # failing tasks that would pass
+    unchanged: int = 0
+    unknown: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.__dict__.copy()
+
+
+def check_static(old: HarnessVersion, files: dict[str, str], train_tasks: list[Task]) -> HarnessVersion:
+    """Syntax, manifest, interface, paths and leaks. Returns the candidate version or raises CheckFailed."""
+    for rel in files:
+        path = PurePosixPath(rel)
+        if path.is_absolute() or ".." in path.parts or any(p.startswith(".") for p in path.parts):
+            raise CheckFailed(f"{rel}: edits must stay inside the harness directory")
+    try:
+        version = version_from_files(files, origin="candidate")
+    except HarnessError as exc:
+        raise CheckFailed(str(exc)) from exc
+    for layer, (function, arity) in INTERFACE.items():
+        rel = getattr(version.manifest.files, layer)
+        if rel is None or rel not in version.files:
+            continue
+        tree = ast.parse(version.files[rel])
+        defs = {n.name: len(n.args.args) for n in tree.body if isinstance(n, ast.FunctionDef)}
+        if defs.get(function) != arity:
+            raise CheckFailed(f"{rel}: must define {function}() with {arity} parameter(s) (the harness interface)")
+    check_leaks(old, version, train_tasks)
+    return version
+
+
+def _distinctive(gold: Any) -> list[str]:
+    values = gold if isinstance(gold, list) else [gold]
+    out = []
+    for v in values:
+        text = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+        if (text.replace(".", "").isdigit() and len(text) >= 3) or (not text.isdigit() and len(text) >= 5):
+            out.append(text)
+    return out
+
+
+def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task]) -> None:
+    added = "\n".join(
+        text for rel, text in new.files.items()
+        if old.files.get(rel) != text and rel not in EXEMPT_FROM_LEAK_CHECK
+    )
+    if not added:
+        return
+    previous = "\n".join(old.files.values())
+    words = re.findall(r"\w+", added.lower())
+    added_shingles = {" ".join(words[i:i + SHINGLE]) for i in range(len(words) - SHINGLE + 1)}
+    for task in train_tasks:
+        if task.id in added:
+            raise CheckFailed(f"the edit copies the training task id {task.id}")
+        prompt_words = re.findall(r"\w+", task.prompt.lower())
+        for i in range(len(prompt_words) - SHINGLE + 1):
+            if " ".join(prompt_words[i:i + SHINGLE]) in added_shingles:
+                raise CheckFailed(f"the edit copies text of training task {task.id}")
+        for value in _distinctive(task.gold):
+            if re.search(rf"(?<![\w.]){re.escape(value)}(?!\.?\d|\w)", added) and value not in previous:
+                raise CheckFailed(f"the edit contains {value!r}, the gold answer of training task {task.id}")
+
+
+def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task], tools: dict[str, list[str]]) -> list[dict[str, Any]]:
+    return [{"prompt": tasks[t.task_id].prompt, "replies": t.replies(), "tools": tools.get(t.task_id, [])}
+            for t in trajectories]
+
+
+async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
+                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> ReplayReport:
+    """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost."""
+    tools = {t.task_id: sorted({e["tool"] for e in t.of_kind("action") if e["tool"] != "answer"})
+             for t in trajectories}
+    result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks, tools), limits)
+    if "error" in result:
+        raise CheckFailed(f"replay failed: {result['error'].strip().splitlines()[-1]}")
+    report = ReplayReport()
+    budget = candidate.manifest.budget.max_rejections
+    for traj, realized in zip(trajectories, result["results"], strict=True):
+        original = [(e["tool"], e["input"]) for e in traj.of_kind("action")]
+        new_actions = [(r["tool"], r["input"]) for r in realized if "tool" in r]
+        if new_actions == original and (not original or len(new_actions) == len(realized)):
+            report.unchanged += 1
+            continue
+        if single_turn:
+            answer, rejections = None, 0
+            for r in realized:
+                if "tool" in r:
+                    answer = r["input"]
+                    break
+                rejections += 1
+                if rejections > budget:
+                    break
+            passed = env.grade(tasks[traj.task_id], answer, {}).passed if answer is not None else False
+            if traj.passed and not passed:
+                report.lost.append(traj.task_id)
+            elif passed and not traj.passed:
+                report.gained.append(traj.task_id)
+            else:
+                report.unchanged += 1
+        elif traj.passed:
+            report.lost.append(traj.task_id)  # a passing multi-turn episode would act differently
+        else:
+            report.unknown += 1
+    if report.lost:
+        raise CheckFailed(f"replay: the change would lose {len(report.lost)} passing task(s) "
+                          f"(e.g. {report.lost[0]}); gained {len(report.gained)}")
+    return report

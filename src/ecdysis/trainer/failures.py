@@ -1,0 +1,239 @@
+"""Collect failures with objective facts, and aggregate them into patterns across instances.
+
+Facts are computed before any role speaks (small optimizers need them): was the reply truncated,
+did the action parse, which H2 rule rejected it, is the expected answer present in the reply and
+inside what wrapper. A pattern seen in >= 2 distinct tasks that fail consistently is *recurring*
+(a candidate harness deficiency); otherwise it is *isolated* (likely model-specific). The reason
+for each class is recorded with the pattern.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+
+SNIPPET = 500
+_FILE_IN_TB = re.compile(r'File ".*?/harness/([\w./-]+)", line (\d+)')
+_LAYER_OF_FILE = {"action.py": "H2", "regulate.py": "H4", "loop.py": "loop", "repairs.json": "H2"}
+
+
+@dataclass
+class FailureRecord:
+    task_id: str
+    trial: int
+    termination: str
+    score: float
+    detail: str
+    layer: str
+    rules: list[str]
+    annotations: list[str]
+    last_replies: list[str]
+    final_answer: str | None
+    expected: str  # optimizer's eyes only, and only for training tasks
+    facts: dict[str, Any]
+
+    @property
+    def signature(self) -> str:
+        return f"{self.termination}|{','.join(sorted(set(self.rules))) or '-'}|{self.layer}|{self.facts['shape']}"
+
+
+def reply_ending(reply: str) -> str:
+    """A coarse shape of how a reply ends: the wrapper of its final answer or action."""
+    tail = "\n".join(reply.strip().splitlines()[-3:])
+    if "\\boxed" in tail:
+        return "boxed"
+    if re.search(r"^\s*Answer:\s*\S", tail, re.MULTILINE):
+        return "answer_line"
+    if "Final Answer:" in tail:
+        return "final_answer"
+    if "```" in reply and re.search(r"\b(SELECT|INSERT|UPDATE)\b", reply, re.IGNORECASE):
+        return "sql_block" if "Action:" in reply else "bare_sql"
+    if re.search(r"answer is", tail, re.IGNORECASE):
+        return "answer_phrase"
+    return "text"
+
+
+def _expected_text(gold: Any) -> str:
+    if isinstance(gold, float) and gold.is_integer():
+        return str(int(gold))
+    if isinstance(gold, list):
+        return ", ".join(str(g) for g in gold)
+    return str(gold)
+
+
+def _gold_wrapper(reply: str, expected: str) -> str | None:
+    if not expected or expected not in reply:
+        return None
+    for name, pattern in (("boxed", r"\\boxed\s*\{[^}]*" + re.escape(expected)),
+                          ("answer_line", r"Answer:\s*\$?" + re.escape(expected)),
+                          ("bold", r"\*\*[^*]*" + re.escape(expected) + r"[^*]*\*\*")):
+        if re.search(pattern, reply):
+            return name
+    return "plain"
+
+
+def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
+    models = traj.of_kind("model")
+    replies = [e["reply"] for e in models]
+    last = replies[-1] if replies else ""
+    expected = _expected_text(gold)
+    rules = [e["rule"] for e in traj.of_kind("rejection")]
+    truncated = any(e.get("finish_reason") == "length" for e in models)
+    tool_errors = sum(1 for e in traj.of_kind("observation") if str(e.get("text", "")).startswith("Error"))
+    crash_file = None
+    if traj.traceback:
+        hits = _FILE_IN_TB.findall(traj.traceback)
+        crash_file = hits[-1][0] if hits else None
+    if traj.termination == "rejected":
+        layer = "H2"
+    elif traj.termination == "crash":
+        layer = _LAYER_OF_FILE.get(crash_file or "", "runtime")
+    elif traj.termination in ("timeout", "stopped", "max_turns"):
+        layer = "H4"
+    elif traj.termination == "model_error":
+        layer = "infra"
+    else:
+        layer = "H2" if _gold_wrapper(last, expected) not in (None, "plain") else "model"
+    shape = reply_ending(last) + ("+truncated" if truncated else "")
+    facts = {
+        "shape": shape,
+        "truncated": truncated,
+        "answer_parsed": traj.final_answer is not None,
+        "expected_in_reply": bool(expected) and expected in last,
+        "expected_wrapper": _gold_wrapper(last, expected),
+        "tool_errors": tool_errors,
+        "turns": len(models),
+        "repairs_used": [e["name"] for e in traj.of_kind("repair")],
+        "crash": (traj.traceback or "").strip().splitlines()[-1][:200] if traj.traceback else None,
+        "crash_file": crash_file,
+    }
+    return FailureRecord(
+        task_id=traj.task_id, trial=traj.trial, termination=traj.termination, score=traj.score,
+        detail=traj.score_detail, layer=layer, rules=rules,
+        annotations=[e["text"] for e in traj.of_kind("annotation")],
+        last_replies=[r[-SNIPPET:] for r in replies[-2:]], final_answer=traj.final_answer,
+        expected=expected, facts=facts,
+    )
+
+
+@dataclass
+class Pattern:
+    id: str
+    name: str
+    signatures: list[str]
+    tasks: list[str]
+    support: int  # failing trajectories
+    layer: str
+    classification: str  # recurring | isolated
+    reason: str
+    facts: dict[str, Any]
+    levers: list[str]
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _name(records: list[FailureRecord]) -> str:
+    r = records[0]
+    parts = [f"ended '{r.termination}'"]
+    if r.rules:
+        parts.append(f"rejected by H2 rule '{Counter(x for rec in records for x in rec.rules).most_common(1)[0][0]}'")
+    parts.append(f"reply ends with {r.facts['shape'].replace('_', ' ')}")
+    inside = sum(1 for x in records if x.facts["expected_in_reply"])
+    if inside:
+        parts.append(f"expected answer present in {inside}/{len(records)} replies")
+    return "; ".join(parts)
+
+
+def suggest_levers(records: list[FailureRecord]) -> list[str]:
+    """Objective hints for the roles: which library levers address facts seen in most records."""
+    n = len(records)
+    majority = lambda count: count * 2 > n  # noqa: E731
+    wrappers = Counter(r.facts["expected_wrapper"] for r in records)
+    shapes = Counter(r.facts["shape"].split("+")[0] for r in records)
+    levers: list[str] = []
+    if majority(wrappers["boxed"]) or majority(shapes["boxed"]):
+        levers.append("repair:boxed_answer (H2 accepts \\boxed{...}) and/or an H3 rule + demo for the required format")
+    if majority(shapes["answer_phrase"]):
+        levers.append("repair:answer_phrase (H2 accepts 'the answer is N')")
+    if majority(shapes["final_answer"]) and any(r.rules for r in records):
+        levers.append("repair:final_answer_anywhere (H2 accepts 'Final Answer:' without the header)")
+    if majority(shapes["bare_sql"]):
+        levers.append("repair:bare_sql (H2 runs SQL given without 'Action: Operation')")
+    if majority(sum(r.facts["truncated"] for r in records)):
+        levers.append("generation.max_tokens up, or an H3 rule asking for brevity")
+    if majority(sum(r.facts["tool_errors"] > 0 for r in records)):
+        levers.append("H3 rule or H5 skill about the tool's syntax (e.g. quoting names)")
+    if majority(sum(r.termination in ("stopped", "max_turns") for r in records)):
+        levers.append("H4 budget/loop handling or an H3 rule on when to answer")
+    if not levers:
+        levers.append("H3 rule or H5 skill only if general; otherwise leave it (model-specific)")
+    return levers
+
+
+def _tokens(signature: str) -> set[str]:
+    return set(re.split(r"[|,+]", signature))
+
+
+def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]],
+              max_evidence: int = 3, merge_threshold: float = 0.6) -> list[Pattern]:
+    """Group failures into patterns. `outcomes[task] = (trials, passes)` over the same evaluation.
+
+    Exact signatures first; then groups with the same termination and layer whose signature tokens
+    overlap by Jaccard >= merge_threshold are merged (near-duplicates, e.g. truncated vs not).
+    """
+    groups: dict[str, list[FailureRecord]] = defaultdict(list)
+    for record in records:
+        groups[record.signature].append(record)
+    merged: list[tuple[list[str], list[FailureRecord]]] = []
+    for signature, members in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        for sigs, bucket in merged:
+            head = bucket[0]
+            same_kind = head.termination == members[0].termination and head.layer == members[0].layer
+            a, b = _tokens(sigs[0]), _tokens(signature)
+            if same_kind and len(a & b) / len(a | b) >= merge_threshold:
+                sigs.append(signature)
+                bucket.extend(members)
+                break
+        else:
+            merged.append(([signature], list(members)))
+    patterns: list[Pattern] = []
+    for index, (sigs, bucket) in enumerate(sorted(merged, key=lambda m: -len({r.task_id for r in m[1]})), 1):
+        tasks = sorted({r.task_id for r in bucket})
+        consistent = [t for t in tasks if outcomes.get(t, (1, 0))[1] == 0]
+        flaky = [t for t in tasks if t not in consistent]
+        if len(consistent) >= 2:
+            classification = "recurring"
+            reason = f"{len(consistent)} distinct tasks fail this way in every trial"
+            if flaky:
+                reason += f"; {len(flaky)} more fail only sometimes (noise)"
+        elif len(tasks) >= 2:
+            classification = "isolated"
+            reason = (f"{len(tasks)} tasks, but only {len(consistent)} fail consistently; the rest pass in "
+                      "some trials, so this looks like model noise")
+        else:
+            classification = "isolated"
+            reason = "seen in one task only: likely model-specific"
+        facts = {
+            "tasks": len(tasks),
+            "expected_in_reply": sum(r.facts["expected_in_reply"] for r in bucket),
+            "expected_wrapper": dict(Counter(str(r.facts["expected_wrapper"]) for r in bucket)),
+            "truncated": sum(r.facts["truncated"] for r in bucket),
+            "answer_parsed": sum(r.facts["answer_parsed"] for r in bucket),
+            "rules": dict(Counter(x for r in bucket for x in r.rules)),
+            "failures": len(bucket),
+        }
+        evidence = [{"task_id": r.task_id, "last_reply": r.last_replies[-1] if r.last_replies else "",
+                     "final_answer": r.final_answer, "expected": r.expected, "detail": r.detail,
+                     "facts": r.facts} for r in bucket[:max_evidence]]
+        patterns.append(Pattern(
+            id=f"P{index}", name=_name(bucket), signatures=sigs, tasks=tasks, support=len(bucket),
+            layer=bucket[0].layer, classification=classification, reason=reason, facts=facts,
+            levers=suggest_levers(bucket), evidence=evidence,
+        ))
+    return patterns

@@ -1,0 +1,141 @@
+"""Failure-Driven Collaborative Refinement: roles debate over a shared transcript, then a Moderator
+writes one harness modification spec. Prompts live in `ecdysis/prompts/*.md`.
+
+The transcript is checkpointed in the run store after every turn, so a killed run resumes
+mid-debate without repeating finished calls.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from string import Template
+from typing import Any
+
+from ..harness.manifest import HarnessVersion
+from ..harness.repairs import CATALOG as REPAIRS
+from ..harness.repairs import REPAIRS_FILE
+from ..models.base import ChatRequest, GenerationParams, Message
+from ..models.cache import MeteredModel
+from ..store.db import RunStore
+from .failures import Pattern
+from .spec import HarnessSpec, SpecError, parse_spec, spec_json_schema
+
+DEBATE_ROLES = ("analyst", "critic", "engineer")
+MAX_FILE_CHARS = 1200
+
+
+def render(template: str, **values: str) -> str:
+    text = (resources.files("ecdysis.prompts") / f"{template}.md").read_text()
+    return Template(text).safe_substitute(values)
+
+
+def harness_summary(version: HarnessVersion) -> str:
+    parts = []
+    for layer, label in (("contract", "H3 contract"), ("action", "H2 action realization"),
+                         ("skills", "H5 skills"), ("demos", "H5 demos")):
+        text = version.layer_text(layer)
+        if text is not None:
+            rel = getattr(version.manifest.files, layer)
+            parts.append(f"[{label}: {rel}]\n{text.strip()[:MAX_FILE_CHARS]}")
+    parts.append(f"[H2 repairs enabled: {REPAIRS_FILE}] {version.files.get(REPAIRS_FILE, '[]').strip()}")
+    g, b = version.manifest.generation, version.manifest.budget
+    parts.append(f"[settings] max_tokens={g.max_tokens} max_turns={b.max_turns} max_rejections={b.max_rejections}")
+    return "\n\n".join(parts)
+
+
+def patterns_text(patterns: list[Pattern], max_evidence: int = 2) -> str:
+    recurring = [p for p in patterns if p.classification == "recurring"]
+    lines: list[str] = []
+    for p in recurring:
+        lines.append(f"{p.id} ({p.layer}, {len(p.tasks)} tasks, {p.support} failures): {p.name}")
+        lines.append(f"  facts: {json.dumps(p.facts)}")
+        lines.append(f"  suggested levers: {'; '.join(p.levers)}")
+        for ev in p.evidence[:max_evidence]:
+            reply = ev["last_reply"][-300:].replace("\n", " ")
+            lines.append(f"  example: reply ends '...{reply}' | parsed answer={ev['final_answer']!r} | {ev['detail']}")
+    isolated = [p for p in patterns if p.classification != "recurring"]
+    if isolated:
+        lines.append(f"(+{len(isolated)} isolated patterns, {sum(p.support for p in isolated)} failures: "
+                     "likely model-specific, do not patch them)")
+    return "\n".join(lines) or "(none)"
+
+
+def levers_text() -> str:
+    repairs = "\n".join(f"  - {name}: {r.description}" for name, r in REPAIRS.items())
+    return (
+        "- enable_repair (H2): turn on a built-in parser fallback by name:\n" + repairs + "\n"
+        "- add_rule (H3): one sentence added to the system prompt\n"
+        "- add_demo (H5): the library adds a worked example from a passing training task\n"
+        "- add_skill (H5): a short tip retrieved for matching tasks\n"
+        "- set_max_tokens: change the reply length limit\n"
+        "- edit_code (H2/H4): rewrite action.py or regulate.py (risky; verified by replay)"
+    )
+
+
+@dataclass
+class DebateOutcome:
+    spec: HarnessSpec | None
+    transcript: list[dict[str, Any]]
+    error: str = ""
+    raw: list[str] = field(default_factory=list)
+
+
+@dataclass
+class SpecWriter:
+    """Runs the debate (or a single analyst) and the Moderator, checkpointing every turn."""
+
+    store: RunStore
+    run_id: str
+    roles: dict[str, MeteredModel]
+    temperature: float = 0.2
+    max_tokens: int = 400
+
+    async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
+                   history: list[Message] | None = None, max_tokens: int | None = None) -> str:
+        messages = [*(history or []), Message(role="user", content=prompt)]
+        params = GenerationParams(temperature=self.temperature, max_tokens=max_tokens or self.max_tokens,
+                                  json_schema=schema)
+        response = await self.roles[role].chat(ChatRequest(messages=messages, params=params))
+        return response.text
+
+    def _checkpoint(self, key: str, transcript: list[dict[str, Any]]) -> None:
+        self.store.put_record(self.run_id, "transcript", key, transcript)
+
+    async def write(self, key: str, harness: HarnessVersion, patterns: list[Pattern], passes: int,
+                    debate: bool = True) -> DebateOutcome:
+        """Debate for `passes` rounds (if `debate`), then have the Moderator (or analyst) write the spec."""
+        transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
+        context = {"harness": harness_summary(harness), "patterns": patterns_text(patterns), "levers": levers_text()}
+        turns = [(p, r) for p in range(passes) for r in DEBATE_ROLES] if debate else []
+        for index, (pass_no, role) in enumerate(turns):
+            if index < len(transcript):
+                continue  # done before a restart
+            said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript) or "(nothing yet)"
+            text = await self._say(role, render(role, transcript=said, **context), max_tokens=min(self.max_tokens, 220))
+            transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
+            self._checkpoint(key, transcript)
+        said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript)
+        writer = "moderator" if debate else "analyst"
+        prompt = render("moderator" if debate else "single_analyst", transcript=said, **context)
+        ids = {p.id for p in patterns if p.classification == "recurring"}
+        raw: list[str] = []
+        history: list[Message] = []
+        error = ""
+        for _attempt in range(2):  # the spec, then one repair with the error shown
+            text = await self._say(writer, prompt, schema=spec_json_schema(), history=history)
+            raw.append(text)
+            try:
+                spec = parse_spec(text, harness, ids)
+            except SpecError as exc:
+                error = str(exc)
+                history = [*history, Message(role="user", content=prompt), Message(role="assistant", content=text)]
+                prompt = render("repair_spec", error=error)
+                continue
+            transcript.append({"pass": passes, "role": writer, "text": text})
+            self._checkpoint(key, transcript)
+            return DebateOutcome(spec, transcript, raw=raw)
+        transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})
+        self._checkpoint(key, transcript)
+        return DebateOutcome(None, transcript, error=f"spec rejected after repair: {error}", raw=raw)

@@ -1,0 +1,176 @@
+"""Turn one spec into a checked candidate harness.
+
+Text and JSON levers (rules, repairs, skills, demos, max_tokens) are applied deterministically.
+`edit_code` changes go to the implementer model, which returns whole files as JSON; several samples
+are drawn and the first that passes every check wins (failed checks are shown to the next sample).
+An external coding-agent command may be used instead: it runs in a copy of the harness directory
+with the spec in SPEC.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Environment, Task
+from ..harness.manifest import HarnessVersion, load_harness
+from ..harness.repairs import REPAIRS_FILE
+from ..models.base import ChatRequest, GenerationParams, Message
+from ..models.cache import MeteredModel
+from ..runner.sandbox import SandboxLimits
+from .checks import CheckFailed, ReplayReport, check_replay, check_static
+from .fdcr import render
+from .spec import Change, HarnessSpec
+
+CONTENT_SCHEMA = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
+INTERFACES = {
+    "action.py": "It must define realize(reply: str, ctx) -> Action | Reject. ctx.tools lists the offered tools.",
+    "regulate.py": "It must define regulate(state) -> Verdict(annotation='', stop=False, reason=''); "
+                   "state has turn, max_turns, action, observation, history.",
+}
+
+
+@dataclass
+class Candidate:
+    version: HarnessVersion | None
+    applied: list[str] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    replay: ReplayReport | None = None
+    error: str = ""
+
+
+def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[str, str] | list[dict[str, str]] | None:
+    """A worked example from the shortest passing training trajectory (user/assistant turns)."""
+    passing = sorted((t for t in trajectories if t.passed and t.replies()), key=lambda t: sum(map(len, t.replies())))
+    if not passing:
+        return None
+    traj = passing[0]
+    turns: list[dict[str, str]] = []
+    user = tasks[traj.task_id].prompt
+    observations = iter(e["text"] for e in traj.of_kind("observation"))
+    for reply in traj.replies():
+        turns.append({"user": user, "assistant": reply})
+        user = next(observations, "")
+    return turns
+
+
+def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
+                     tasks: dict[str, Task]) -> tuple[dict[str, str], list[str]]:
+    """Apply every non-code change. Returns (files, notes on what was applied or skipped)."""
+    files = dict(current.files)
+    notes: list[str] = []
+    contract = current.manifest.files.contract or "contract.md"
+    skills_file = current.manifest.files.skills or "skills.json"
+    demos_file = current.manifest.files.demos or "demos.json"
+
+    def skills() -> list[dict[str, str]]:
+        return json.loads(files.get(skills_file) or "[]")
+
+    for change in spec.changes:
+        if change.kind == "add_rule":
+            text = change.text.strip()
+            if text not in files.get(contract, ""):
+                files[contract] = files.get(contract, "").rstrip() + "\n" + text + "\n"
+            notes.append(f"H3 rule added to {contract}")
+        elif change.kind == "enable_repair":
+            enabled = json.loads(files.get(REPAIRS_FILE) or "[]")
+            if change.repair not in enabled:
+                enabled.append(change.repair)
+            files[REPAIRS_FILE] = json.dumps(enabled) + "\n"
+            notes.append(f"H2 repair {change.repair} enabled")
+        elif change.kind == "add_skill":
+            items = skills()
+            items.append({"id": f"s{len(items) + 1}", "trigger": "*", "tip": change.text.strip()})
+            files[skills_file] = json.dumps(items, indent=1) + "\n"
+            notes.append("H5 skill added")
+        elif change.kind == "add_demo":
+            demo = bootstrap_demo(trajectories, tasks)
+            if demo is None:
+                notes.append("add_demo skipped: no passing training trajectory to learn from")
+                continue
+            existing = json.loads(files.get(demos_file) or "[]")
+            files[demos_file] = json.dumps(existing + demo, indent=1) + "\n"
+            notes.append(f"H5 demo bootstrapped ({len(demo)} turn(s))")
+        elif change.kind == "set_max_tokens":
+            files["harness.toml"] = re.sub(r"(?m)^max_tokens\s*=\s*\d+", f"max_tokens = {change.value}",
+                                           files["harness.toml"])
+            notes.append(f"generation.max_tokens = {change.value}")
+    for skill in spec.skills:
+        items = skills()
+        items.append({"id": skill.id or f"s{len(items) + 1}", "trigger": skill.trigger or "*", "tip": skill.tip})
+        files[skills_file] = json.dumps(items, indent=1) + "\n"
+        notes.append(f"H5 skill {skill.id} added")
+    return files, notes
+
+
+@dataclass
+class Implementer:
+    model: MeteredModel | None
+    env: Environment
+    train_tasks: list[Task]
+    limits: SandboxLimits
+    attempts: int = 4
+    external_command: str | None = None
+
+    async def _rewrite(self, files: dict[str, str], change: Change, examples: list[str], error: str,
+                       sample: int) -> str:
+        assert self.model is not None
+        prompt = render("implementer", file=change.file, content=files[change.file],
+                        change=f"{change.text} ({change.rationale})", interface=INTERFACES.get(change.file, ""),
+                        examples="\n---\n".join(e[-400:] for e in examples[:4]),
+                        error=f"\nYOUR PREVIOUS VERSION FAILED A CHECK: {error}\n" if error else "")
+        params = GenerationParams(temperature=0.0 if sample == 0 else 0.8, max_tokens=900,
+                                  json_schema=CONTENT_SCHEMA, sample_index=sample)
+        response = await self.model.chat(ChatRequest(messages=[Message(role="user", content=prompt)], params=params))
+        return str(json.loads(response.text)["content"])
+
+    async def _external(self, current: HarnessVersion, spec: HarnessSpec) -> dict[str, str]:
+        with tempfile.TemporaryDirectory(prefix="ecdysis-impl-") as tmp:
+            directory = current.write(Path(tmp) / "harness")
+            (directory / "SPEC.json").write_text(spec.model_dump_json(indent=2))
+            proc = await asyncio.create_subprocess_exec(*shlex.split(str(self.external_command)), cwd=directory)
+            if await proc.wait() != 0:
+                raise CheckFailed(f"implementer command exited with {proc.returncode}")
+            (directory / "SPEC.json").unlink(missing_ok=True)
+            return load_harness(directory).files
+
+    async def build(self, current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
+                    single_turn: bool) -> Candidate:
+        tasks = {t.id: t for t in self.train_tasks}
+        base_files, notes = apply_structured(current, spec, trajectories, tasks)
+        code_changes = [c for c in spec.changes if c.kind == "edit_code"]
+        examples = [r for t in trajectories if not t.passed for r in t.replies()[-1:]]
+        candidate = Candidate(None, applied=notes)
+        error = ""
+        tries = self.attempts if (code_changes or self.external_command) else 1
+        for sample in range(tries):
+            files = dict(base_files)
+            try:
+                if self.external_command:
+                    files = await self._external(current, spec)
+                for change in code_changes:
+                    files[change.file] = await self._rewrite(files, change, examples, error, sample)
+                version = check_static(current, files, self.train_tasks)
+                if version.id == current.id:
+                    raise CheckFailed("the candidate is identical to the current harness")
+                deterministic = set(version.files) - set(current.files) <= {REPAIRS_FILE} and all(
+                    version.files[f] == current.files.get(f) for f in version.files
+                    if f not in (REPAIRS_FILE, current.manifest.files.action))
+                if deterministic:
+                    candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits, single_turn)
+                candidate.version = version
+                candidate.attempts.append({"sample": sample, "ok": True,
+                                           "replay": candidate.replay.to_dict() if candidate.replay else None})
+                return candidate
+            except (CheckFailed, ValueError, KeyError) as exc:
+                error = str(exc)
+                candidate.attempts.append({"sample": sample, "ok": False, "error": error})
+        candidate.error = error
+        return candidate

@@ -1,0 +1,105 @@
+"""The harness modification specification the Moderator writes: a pydantic model, its JSON schema
+(flat, for grammar-constrained decoding by small models), and semantic validation."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from ..harness.manifest import HarnessVersion
+from ..harness.repairs import CATALOG as REPAIRS
+
+ChangeKind = Literal["add_rule", "enable_repair", "add_skill", "add_demo", "set_max_tokens", "edit_code"]
+Layer = Literal["H2", "H3", "H4", "H5"]
+
+
+class Change(BaseModel):
+    layer: Layer
+    kind: ChangeKind
+    file: str = ""  # edit_code: the file to rewrite
+    text: str = ""  # add_rule: the rule; add_skill: the tip; edit_code: what to change
+    repair: str = ""  # enable_repair: a name from the repair catalog
+    value: int = 0  # set_max_tokens
+    rationale: str = ""
+
+
+class SkillSpec(BaseModel):
+    id: str
+    trigger: str
+    tip: str
+
+
+class HarnessSpec(BaseModel):
+    patterns_addressed: list[str] = Field(min_length=1)
+    changes: list[Change] = Field(min_length=1, max_length=4)
+    skills: list[SkillSpec] = Field(default_factory=list, max_length=3)
+    implementation_notes: str = ""
+    expected_effect: str = ""
+
+    @property
+    def touches_only_deterministic(self) -> bool:
+        """True when every change is to H2 parsing (replay can verify it without model calls)."""
+        return not self.skills and all(
+            c.kind == "enable_repair" or (c.kind == "edit_code" and c.file == "action.py") for c in self.changes
+        )
+
+
+class SpecError(ValueError):
+    pass
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept."""
+    s = {"type": "string"}
+    change = {
+        "type": "object",
+        "properties": {
+            "layer": {"type": "string", "enum": ["H2", "H3", "H4", "H5"]},
+            "kind": {"type": "string", "enum": list(ChangeKind.__args__)},  # type: ignore[attr-defined]
+            "file": s, "text": s,
+            "repair": {"type": "string", "enum": ["", *REPAIRS]},
+            "value": {"type": "integer"},
+            "rationale": s,
+        },
+        "required": ["layer", "kind", "text", "repair", "rationale"],
+    }
+    skill = {"type": "object", "properties": {"id": s, "trigger": s, "tip": s}, "required": ["id", "trigger", "tip"]}
+    return {
+        "type": "object",
+        "properties": {
+            "patterns_addressed": {"type": "array", "items": s, "minItems": 1},
+            "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": 3},
+            "skills": {"type": "array", "items": skill, "maxItems": 2},
+            "implementation_notes": s,
+            "expected_effect": s,
+        },
+        "required": ["patterns_addressed", "changes", "skills", "implementation_notes", "expected_effect"],
+    }
+
+
+def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> HarnessSpec:
+    """Parse and check a spec against the harness and the patterns. Raises SpecError saying what is wrong."""
+    try:
+        spec = HarnessSpec.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError) as exc:
+        raise SpecError(f"the spec does not match the schema: {exc}") from exc
+    problems: list[str] = []
+    unknown = [p for p in spec.patterns_addressed if p not in pattern_ids]
+    if unknown:
+        problems.append(f"patterns_addressed names unknown patterns {unknown}; known: {sorted(pattern_ids)}")
+    for i, c in enumerate(spec.changes):
+        where = f"changes[{i}] ({c.kind})"
+        if c.kind == "enable_repair" and c.repair not in REPAIRS:
+            problems.append(f"{where}: repair must be one of {sorted(REPAIRS)}")
+        if c.kind in ("add_rule", "add_skill") and not c.text.strip():
+            problems.append(f"{where}: text is empty")
+        if c.kind == "edit_code" and (c.file not in harness.files or not c.file.endswith(".py")):
+            py = sorted(f for f in harness.files if f.endswith(".py"))
+            problems.append(f"{where}: file must be one of the harness's Python files {py}")
+        if c.kind == "set_max_tokens" and not 16 <= c.value <= 4096:
+            problems.append(f"{where}: value must be between 16 and 4096")
+    if problems:
+        raise SpecError("; ".join(problems))
+    return spec

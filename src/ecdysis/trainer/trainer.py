@@ -1,0 +1,187 @@
+"""The Ecdysis training loop: collect -> aggregate -> FDCR spec -> implement + check -> validate -> accept.
+
+Every step is recorded in the run store as it finishes; running the same config again resumes:
+finished evaluations, debate turns, specs, candidates and decisions are read back, not redone.
+The test split is loaded only after training, in `freeze_and_test`: no optimizer role can see it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Task
+from ..harness.manifest import HarnessVersion
+from ..models.base import ChatRequest, ChatResponse
+from ..models.cache import MeteredModel
+from ..runner.runner import EvalSummary, Runner
+from ..workspace import Workspace
+from .accept import decide
+from .failures import Pattern, aggregate, failure_record
+from .fdcr import DEBATE_ROLES, SpecWriter
+from .implement import Implementer
+from .spec import HarnessSpec
+from .view import TrainView
+
+T = TypeVar("T")
+ROLES = (*DEBATE_ROLES, "moderator", "implementer")
+
+
+@dataclass
+class TrainResult:
+    run_id: str
+    arm: str
+    seed_harness_id: str
+    final_harness_id: str
+    frozen_dir: Path
+    rounds: list[dict[str, Any]]
+    stop_reason: str
+    train_before: float
+    train_after: float
+    test_before: dict[str, Any] | None
+    test_after: dict[str, Any] | None
+    wall_s: float
+    agent_executions: int
+    optimizer_calls: int
+    optimizer_tokens: int
+    agent_tokens: int
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+
+
+def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
+    out: dict[str, tuple[int, int]] = {}
+    for t in trajectories:
+        trials, passes = out.get(t.task_id, (0, 0))
+        out[t.task_id] = (trials + 1, passes + int(t.passed))
+    return out
+
+
+class Trainer:
+    """One training run of one arm (`ecdysis`: debate; `aggregate`: single analyst)."""
+
+    def __init__(self, ws: Workspace, run_id: str, arm: str = "ecdysis", view: TrainView | None = None) -> None:
+        self.ws, self.cfg, self.run_id, self.arm = ws, ws.config, run_id, arm
+        self.store = ws.store
+        self.view = view or TrainView(enabled=False)
+        self.runner: Runner = ws.runner(run_id)
+        self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
+        self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
+        self.single_turn = False
+
+    def _role_model(self, role: str) -> MeteredModel:
+        model = self.ws.model(self.cfg.role_model(role), role=role)
+
+        def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
+            self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
+                                   response.usage.completion_tokens, response.latency_s, response.cost_usd,
+                                   response.cache_hit)
+
+        if not any(getattr(fn, "__name__", "") == "record" for fn in model.listeners):
+            model.listeners.append(record)
+        return model
+
+    async def _timed(self, key: str, step: Callable[[], Awaitable[T]]) -> T:
+        start = time.perf_counter()
+        result = await step()
+        previous = self.store.get_record(self.run_id, "timing", key) or 0.0
+        self.store.put_record(self.run_id, "timing", key, previous + time.perf_counter() - start)
+        return result
+
+    async def _evaluate(self, version: HarnessVersion, key: str) -> EvalSummary:
+        return await self._timed(key, lambda: self.runner.evaluate(
+            version, self.train_tasks, self.cfg.train.train_trials, "train", "train"))
+
+    def _patterns(self, summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
+        trajectories = self.store.trajectories(summary.eval_id)
+        gold = {t.id: t.gold for t in self.train_tasks}
+        threshold = self.cfg.train.failure_threshold
+        failures = [failure_record(t, gold[t.task_id]) for t in trajectories if t.score < threshold]
+        return trajectories, aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern)
+
+    async def _round(self, r: int, current: HarnessVersion) -> dict[str, Any]:
+        key = f"r{r}"
+        summary = await self._evaluate(current, f"{key}/collect")
+        trajectories, patterns = self._patterns(summary)
+        self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
+        self.view.round(r, current.id, summary.accuracy, patterns)
+        record: dict[str, Any] = {"round": r, "harness_before": current.id, "harness_after": current.id,
+                                  "train_score": summary.accuracy, "accepted": False,
+                                  "patterns": len(patterns),
+                                  "recurring": sum(p.classification == "recurring" for p in patterns)}
+        if record["recurring"] == 0:
+            return record | {"stop": "nothing recurring left", "reason": "no recurring pattern"}
+        spec_record = self.store.get_record(self.run_id, "spec", key)
+        if spec_record is None:
+            writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles.temperature,
+                                self.cfg.roles.max_tokens)
+            outcome = await self._timed(f"{key}/spec", lambda: writer.write(
+                key, current, patterns, self.cfg.train.debate_passes, debate=self.arm == "ecdysis"))
+            spec_record = {"spec": outcome.spec.model_dump() if outcome.spec else None, "error": outcome.error}
+            self.store.put_record(self.run_id, "spec", key, spec_record)
+        if spec_record["spec"] is None:
+            return record | {"reason": spec_record["error"]}
+        spec = HarnessSpec.model_validate(spec_record["spec"])
+        self.view.spec(spec)
+        implementer = Implementer(
+            self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
+            self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
+        manifest_tools = current.manifest.tools
+        offered = set(self.ws.env.tool_names) & set(self.ws.env.tool_names if manifest_tools is None else manifest_tools)
+        candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
+            current, spec, trajectories, single_turn=not offered))
+        self.store.put_record(self.run_id, "candidate", key, {
+            "harness": candidate.version.id if candidate.version else None, "applied": candidate.applied,
+            "attempts": candidate.attempts, "error": candidate.error,
+            "replay": candidate.replay.to_dict() if candidate.replay else None})
+        if candidate.version is None:
+            return record | {"reason": f"no candidate passed the checks: {candidate.error}"}
+        self.store.save_version(candidate.version, parent=current.id, note=f"{self.arm} {key}")
+        validation = await self._evaluate(candidate.version, f"{key}/validate")
+        decision = decide(self.cfg.train.acceptance, summary.per_task, validation.per_task, self.cfg.train.tolerance)
+        self.view.decision(decision.accepted, decision.reason)
+        record |= {"candidate": candidate.version.id, "candidate_score": validation.accuracy,
+                   "accepted": decision.accepted, "reason": decision.reason}
+        if decision.accepted:
+            record["harness_after"] = candidate.version.id
+        return record
+
+    async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[dict[str, Any]], str]:
+        """Run up to R rounds; returns (final harness, round records, stop reason)."""
+        self.store.save_version(seed, note="seed")
+        current, rounds, rejected_in_a_row, stop = seed, [], 0, "round limit reached"
+        for r in range(1, self.cfg.train.rounds + 1):
+            record = self.store.get_record(self.run_id, "decision", f"r{r}")
+            if record is None:
+                record = await self._round(r, current)
+                self.store.put_record(self.run_id, "decision", f"r{r}", record)
+            rounds.append(record)
+            current = self.store.load_version(record["harness_after"])
+            if "stop" in record:
+                stop = record["stop"]
+                break
+            rejected_in_a_row = 0 if record["accepted"] else rejected_in_a_row + 1
+            if rejected_in_a_row >= 2:
+                stop = "nothing accepted twice in a row"
+                break
+        return current, rounds, stop
+
+    async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
+                              test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
+        """Write the frozen harness and evaluate it (and the seed) on the held-out test split."""
+        frozen = final.write(self.cfg.run.run_dir / "frozen" / final.id)
+        test_tasks = self.ws.tasks("test", self.cfg.train.test_limit)
+        trials = self.cfg.eval.trials
+
+        async def test(version: HarnessVersion) -> dict[str, Any]:
+            return (await self.runner.evaluate(version, test_tasks, trials, "test", "test")).to_dict()
+
+        before = await self._timed("test/seed", lambda: test(seed)) if test_seed else None
+        after = await self._timed("test/final", lambda: test(final))
+        return frozen, before, after

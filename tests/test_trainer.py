@@ -1,0 +1,221 @@
+"""Trainer logic with scripted models: classification, spec repair, leak refusal, replay, acceptance, resume."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import seed_files, seed_with
+
+from ecdysis.agent.trajectory import Trajectory
+from ecdysis.config import load_config
+from ecdysis.envs.base import Task
+from ecdysis.envs.jsonl_suite import JsonlSuite
+from ecdysis.models import Message, MeteredModel, ScriptedModel
+from ecdysis.runner import SandboxLimits
+from ecdysis.trainer import train_async
+from ecdysis.trainer.accept import decide
+from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
+from ecdysis.trainer.failures import aggregate, failure_record
+from ecdysis.trainer.fdcr import SpecWriter
+from ecdysis.workspace import Workspace
+
+ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
+BOXED_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H2", "kind": "enable_repair", "file": "",
+              "text": "accept boxed answers", "repair": "boxed_answer", "value": 0, "rationale": "replies end in boxed"}],
+              "skills": [], "implementation_notes": "", "expected_effect": "format failures disappear"}
+
+
+def traj(task_id: str, reply: str, termination: str = "rejected", trial: int = 0, passed: bool = False,
+         rule: str = "answer-format") -> Trajectory:
+    t = Trajectory(task_id=task_id, trial=trial, harness_id="h", termination=termination, passed=passed,
+                   score=float(passed))
+    t.add("model", 0, messages=[], reply=reply, finish_reason="stop")
+    if termination == "rejected":
+        t.add("rejection", 0, feedback="fmt", rule=rule)
+    else:
+        t.add("action", 0, tool="answer", input=reply.split()[-1])
+        t.final_answer = reply.split()[-1]
+    return t
+
+
+def test_recurring_vs_isolated_classification() -> None:
+    failures = [failure_record(traj(f"t{i}", f"so \\boxed{{{i}}}"), i) for i in range(4)]
+    failures.append(failure_record(traj("t9", "I think it is 12", termination="answered"), 13))
+    # t5 fails the boxed way in trial 0 but passes in trial 1: noise, not a harness defect
+    failures.append(failure_record(traj("t5", "so \\boxed{5}"), 5))
+    outcomes = {f"t{i}": (1, 0) for i in range(4)} | {"t9": (1, 0), "t5": (2, 1)}
+    patterns = aggregate(failures, outcomes)
+    boxed = next(p for p in patterns if "t0" in p.tasks)
+    assert boxed.classification == "recurring" and len(boxed.tasks) == 5
+    assert "4 distinct tasks" in boxed.reason and "only sometimes" in boxed.reason
+    assert boxed.facts["expected_wrapper"] == {"boxed": 5} and boxed.layer == "H2"
+    assert any("boxed_answer" in lever for lever in boxed.levers)
+    lone = next(p for p in patterns if p.tasks == ["t9"])
+    assert lone.classification == "isolated" and "one task" in lone.reason
+    flaky = aggregate([failure_record(traj("a", "\\boxed{1}"), 1), failure_record(traj("b", "\\boxed{2}"), 2)],
+                      {"a": (2, 1), "b": (2, 0)})
+    assert flaky[0].classification == "isolated" and "noise" in flaky[0].reason
+
+
+def test_acceptance_rules() -> None:
+    cur = {"a": [1.0, 1.0], "b": [0.0, 0.0], "c": [0.0, 0.0], "d": [0.0, 0.0]}
+    better = {"a": [1.0, 1.0], "b": [1.0, 1.0], "c": [1.0, 1.0], "d": [1.0, 1.0]}
+    same = dict(cur)
+    slightly_worse = {"a": [1.0, 0.0], "b": [0.0, 0.0], "c": [0.0, 0.0], "d": [0.0, 0.0]}
+    assert decide("strict", cur, better).accepted and not decide("strict", cur, same).accepted
+    assert decide("tolerance", cur, slightly_worse, tolerance=0.2).accepted
+    assert not decide("tolerance", cur, slightly_worse, tolerance=0.1).accepted
+    assert decide("noise-aware", cur, better).accepted
+    one_gain = {"a": [1.0, 1.0], "b": [1.0, 0.0], "c": [0.0, 0.0], "d": [0.0, 0.0]}
+    assert not decide("noise-aware", cur, one_gain).accepted  # gain within noise
+    trade = {"a": [0.0, 0.0], "b": [1.0, 1.0], "c": [1.0, 1.0], "d": [1.0, 1.0]}
+    verdict = decide("noise-aware", cur, trade)
+    assert not verdict.accepted and "reliably passing" in verdict.reason
+    with pytest.raises(ValueError):
+        decide("vibes", cur, better)
+
+
+def _task(i: int) -> Task:
+    return Task(id=f"task-{i}", split="train", prompt=f"What is {i} plus {i} when counting marbles in the jar?",
+                gold=str(2 * i))
+
+
+def test_leaking_edits_are_refused() -> None:
+    current = seed_with("gsm8k")
+    tasks = [_task(i) for i in range(60, 63)]
+    contract = current.files["contract.md"]
+    for leak, needle in ((f"{contract}\nFor task-61 say 122.", "task id"),
+                         (f"{contract}\nRemember: what is 60 plus 60 when counting marbles in the jar", "text of training"),
+                         (f"{contract}\nIf unsure, answer 124.", "gold answer")):
+        with pytest.raises(CheckFailed, match=needle):
+            check_static(current, current.files | {"contract.md": leak}, tasks)
+    fine = check_static(current, current.files | {"contract.md": contract + "\nNo LaTeX.\n"}, tasks)
+    assert fine.id != current.id
+
+
+def test_interface_and_path_checks() -> None:
+    current = seed_with("gsm8k")
+    with pytest.raises(CheckFailed, match="realize"):
+        check_static(current, current.files | {"action.py": "def parse(reply):\n    return None\n"}, [])
+    with pytest.raises(CheckFailed, match="inside the harness"):
+        check_static(current, current.files | {"../evil.py": "x = 1\n"}, [])
+
+
+async def test_replay_catches_an_extraction_change_that_breaks_a_passing_task(tmp_path: Path) -> None:
+    suite = JsonlSuite(path=tmp_path / "none.jsonl")
+    tasks = {t.id: t for t in [Task("p", "train", "q1", "7"), Task("f", "train", "q2", "9")]}
+    stored = [traj("p", "work\nAnswer: 7", termination="answered", passed=True), traj("f", "so \\boxed{9}")]
+    stored[0].final_answer = "7"
+    limits = SandboxLimits(timeout_s=30)
+    broken = seed_with("gsm8k", **{"action.py": (
+        "import re\nfrom ecdysis.harness.api import Reject, answer\n"
+        "def realize(reply, ctx):\n    m = re.search(r'boxed\\{(\\d+)\\}', reply)\n"
+        "    return answer(m.group(1)) if m else Reject('use boxed', rule='boxed')\n")})
+    with pytest.raises(CheckFailed, match="lose 1 passing task"):
+        await check_replay(broken, stored, suite, tasks, limits, single_turn=True)
+    repaired = seed_with("gsm8k", **{"repairs.json": '["boxed_answer"]'})
+    report = await check_replay(repaired, stored, suite, tasks, limits, single_turn=True)
+    assert report.gained == ["f"] and report.lost == []
+
+
+async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    bad = json.dumps(BOXED_SPEC | {"patterns_addressed": ["P7"]})
+    store = RunStore(tmp_path / "run")
+    for replies, ok in (([bad, json.dumps(BOXED_SPEC)], True), (["{not json", bad], False)):
+        model = MeteredModel(ScriptedModel(replies), role="moderator")
+        writer = SpecWriter(store, "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"), model))
+        outcome = await writer.write(f"k{ok}", seed_with("gsm8k"), [pattern], passes=0)
+        assert (outcome.spec is not None) is ok
+        assert len(model.model.calls) == 2  # one spec, one repair with the error shown
+        if ok:
+            assert "unknown patterns ['P7']" in model.model.calls[1].messages[-1].content
+        else:
+            assert "spec rejected after repair" in outcome.error
+
+
+def add_answer(messages: list[Message]) -> str:
+    a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
+    return f"Adding them.\nThe result is \\boxed{{{a + b}}}"
+
+
+class Roles:
+    """Scripted optimizer roles; counts calls and can simulate a crash after N calls."""
+
+    def __init__(self, crash_after: int | None = None) -> None:
+        self.calls: list[str] = []
+        self.crash_after = crash_after
+
+    def __call__(self, messages: list[Message]) -> str:
+        if self.crash_after is not None and len(self.calls) >= self.crash_after:
+            raise KeyboardInterrupt("simulated kill")
+        prompt = messages[-1].content
+        role = prompt.split("You are the ")[1].split()[0].strip(".") if "You are the " in prompt else "SINGLE"
+        self.calls.append(role)
+        if role in ("MODERATOR", "SINGLE"):
+            return json.dumps(BOXED_SPEC)
+        return f"{role}: enable the boxed_answer repair; it is general."
+
+
+def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel) -> Workspace:
+    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
+             "split": "train" if i < 6 else "test"} for i in range(10)]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    harness = tmp_path / "seed"
+    harness.mkdir(exist_ok=True)
+    for rel, text in seed_files("gsm8k").items():
+        (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
+    cfg = load_config(None, [f'env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
+                             f'agent.harness="{harness}"', 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', "run.progress=false", "train.rounds=3",
+                             "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"'])
+    ws = Workspace.open(cfg)
+    ws.models["agent|scripted:agent"] = MeteredModel(agent, cache=ws.cache, role="agent")
+    for role in ROLES:
+        ws.models[f"{role}|scripted:agent"] = MeteredModel(ScriptedModel(roles, name="roles"), cache=ws.cache, role=role)
+    return ws
+
+
+async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) -> None:
+    roles = Roles()
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"))
+    result = await train_async(ws.config, ws=ws)
+    first = result.rounds[0]
+    assert first["train_score"] == 0.0 and first["recurring"] == 1 and first["accepted"]
+    assert result.rounds[1]["stop"] == "nothing recurring left" and len(result.rounds) == 2
+    assert result.test_before["accuracy"] == 0.0 and result.test_after["accuracy"] == 1.0
+    assert json.loads((result.frozen_dir / "repairs.json").read_text()) == ["boxed_answer"]
+    assert roles.calls == ["ANALYST", "CRITIC", "ENGINEER"] * 2 + ["MODERATOR"]  # one spec per round
+    assert result.agent_executions == 12 and result.optimizer_calls == 7
+    candidate = ws.store.get_record(result.run_id, "candidate", "r1")
+    assert candidate["replay"]["gained"] and not candidate["replay"]["lost"]
+
+
+async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path) -> None:
+    crashing = Roles(crash_after=4)
+    ws = make_ws(tmp_path, crashing, ScriptedModel(add_answer, name="adder"))
+    with pytest.raises(KeyboardInterrupt):
+        await train_async(ws.config, ws=ws)
+    transcript = ws.store.get_record(ws.store.runs()[0]["id"], "transcript", "r1")
+    assert [t["role"] for t in transcript] == ["analyst", "critic", "engineer", "analyst"]
+    ws.close()
+    resumed_roles = Roles()
+    agent = ScriptedModel(add_answer, name="adder")
+    ws2 = make_ws(tmp_path, resumed_roles, agent)
+    result = await train_async(ws2.config, ws=ws2)
+    assert resumed_roles.calls == ["CRITIC", "ENGINEER", "MODERATOR"]  # finished turns not repeated
+    assert result.rounds[0]["accepted"] and result.test_after["accuracy"] == 1.0
+    (tmp_path / "ref").mkdir()
+    ref_ws = make_ws(tmp_path / "ref", Roles(), ScriptedModel(add_answer, name="adder"))
+    reference = await train_async(ref_ws.config, ws=ref_ws)
+    assert [r["accepted"] for r in result.rounds] == [r["accepted"] for r in reference.rounds]
+    assert result.final_harness_id == reference.final_harness_id
+    # the collect evaluation finished before the kill and the repair leaves prompts unchanged, so the only
+    # new agent calls are the 4 test tasks (the final harness's test run hits the cache)
+    assert len(agent.calls) == 4
