@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
+from ecdysis.config import load_config
 from ecdysis.harness.manifest import HarnessVersion, version_from_files
-from ecdysis.models import ChatRequest, GenerationParams, Message, ScriptedModel
-from ecdysis.workspace import seed_harness_dir
+from ecdysis.models import ChatRequest, GenerationParams, Message, MeteredModel, ScriptedModel
+from ecdysis.workspace import Workspace, seed_harness_dir
+
+ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
+BOXED_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H2", "kind": "enable_repair", "file": "",
+              "text": "accept boxed answers", "repair": "boxed_answer", "value": 0, "rationale": "replies end in boxed"}],
+              "skills": [], "implementation_notes": "", "expected_effect": "format failures disappear"}
 
 
 def seed_files(env: str) -> dict[str, str]:
@@ -41,3 +50,48 @@ def async_chat(responses: Sequence[str]) -> Callable[[list[dict[str, str]], dict
         return {"text": r.text, "usage": r.usage.model_dump(), "latency_s": r.latency_s}
 
     return chat
+
+
+def add_answer(messages: list[Message]) -> str:
+    a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
+    return f"Adding them.\nThe result is \\boxed{{{a + b}}}"
+
+
+class Roles:
+    """Scripted optimizer roles; counts calls and can simulate a crash after N calls."""
+
+    def __init__(self, crash_after: int | None = None, spec: dict[str, Any] | None = None) -> None:
+        self.calls: list[str] = []
+        self.crash_after = crash_after
+        self.spec = spec or BOXED_SPEC
+
+    def __call__(self, messages: list[Message]) -> str:
+        if self.crash_after is not None and len(self.calls) >= self.crash_after:
+            raise KeyboardInterrupt("simulated kill")
+        prompt = messages[-1].content
+        role = prompt.split("You are the ")[1].split()[0].strip(".") if "You are the " in prompt else "SINGLE"
+        self.calls.append(role)
+        if role in ("MODERATOR", "SINGLE"):
+            return json.dumps(self.spec)
+        return f"{role}: enable the boxed_answer repair; it is general."
+
+
+def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str) -> Workspace:
+    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
+             "split": "train" if i < 6 else "test"} for i in range(10)]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    harness = tmp_path / "seed"
+    harness.mkdir(exist_ok=True)
+    for rel, text in seed_files("gsm8k").items():
+        (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
+                             f'agent.harness="{harness}"', 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', "run.progress=false", "train.rounds=3",
+                             "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
+    ws = Workspace.open(cfg)
+    ws.models["agent|scripted:agent"] = MeteredModel(agent, cache=ws.cache, role="agent")
+    for role in ROLES:
+        ws.models[f"{role}|scripted:agent"] = MeteredModel(ScriptedModel(roles, name="roles"), cache=ws.cache, role=role)
+    return ws
+
+

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
-from helpers import seed_files, seed_with
+from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with
 
 from ecdysis.agent.trajectory import Trajectory
-from ecdysis.config import load_config
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
-from ecdysis.models import Message, MeteredModel, ScriptedModel
+from ecdysis.models import MeteredModel, ScriptedModel
 from ecdysis.runner import SandboxLimits
 from ecdysis.trainer import train_async
 from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record
 from ecdysis.trainer.fdcr import SpecWriter
-from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
-BOXED_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H2", "kind": "enable_repair", "file": "",
-              "text": "accept boxed answers", "repair": "boxed_answer", "value": 0, "rationale": "replies end in boxed"}],
-              "skills": [], "implementation_notes": "", "expected_effect": "format failures disappear"}
 
 
 def traj(task_id: str, reply: str, termination: str = "rejected", trial: int = 0, passed: bool = False,
@@ -138,48 +132,6 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
             assert "unknown patterns ['P7']" in model.model.calls[1].messages[-1].content
         else:
             assert "spec rejected after repair" in outcome.error
-
-
-def add_answer(messages: list[Message]) -> str:
-    a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
-    return f"Adding them.\nThe result is \\boxed{{{a + b}}}"
-
-
-class Roles:
-    """Scripted optimizer roles; counts calls and can simulate a crash after N calls."""
-
-    def __init__(self, crash_after: int | None = None) -> None:
-        self.calls: list[str] = []
-        self.crash_after = crash_after
-
-    def __call__(self, messages: list[Message]) -> str:
-        if self.crash_after is not None and len(self.calls) >= self.crash_after:
-            raise KeyboardInterrupt("simulated kill")
-        prompt = messages[-1].content
-        role = prompt.split("You are the ")[1].split()[0].strip(".") if "You are the " in prompt else "SINGLE"
-        self.calls.append(role)
-        if role in ("MODERATOR", "SINGLE"):
-            return json.dumps(BOXED_SPEC)
-        return f"{role}: enable the boxed_answer repair; it is general."
-
-
-def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel) -> Workspace:
-    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
-             "split": "train" if i < 6 else "test"} for i in range(10)]
-    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-    harness = tmp_path / "seed"
-    harness.mkdir(exist_ok=True)
-    for rel, text in seed_files("gsm8k").items():
-        (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
-    cfg = load_config(None, [f'env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
-                             f'agent.harness="{harness}"', 'agent.model="scripted:agent"',
-                             f'run.run_dir="{tmp_path / "run"}"', "run.progress=false", "train.rounds=3",
-                             "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"'])
-    ws = Workspace.open(cfg)
-    ws.models["agent|scripted:agent"] = MeteredModel(agent, cache=ws.cache, role="agent")
-    for role in ROLES:
-        ws.models[f"{role}|scripted:agent"] = MeteredModel(ScriptedModel(roles, name="roles"), cache=ws.cache, role=role)
-    return ws
 
 
 async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) -> None:

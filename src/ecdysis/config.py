@@ -83,6 +83,7 @@ class TrainSection(BaseModel):
     implement_attempts: int = 4
     implementer_command: str | None = None  # external coding agent: runs in a copy of the harness dir
     max_evidence_per_pattern: int = 3
+    serial_max_edits: int = 20  # the serial baseline's total edit attempts
 
 
 class Config(BaseModel):

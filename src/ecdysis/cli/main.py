@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -172,14 +173,14 @@ def eval_cmd(
 def train(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    arm: Annotated[str, typer.Option(help="ecdysis (debate) | aggregate (single analyst)")] = "ecdysis",
-    env: Annotated[Optional[str], typer.Option(help="gsm8k | dbbench | jsonl")] = None,
-    harness: Annotated[Optional[Path], typer.Option(help="Seed harness directory.")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Agent model reference.")] = None,
-    roles_model: Annotated[Optional[str], typer.Option(help="One model for every optimizer role.")] = None,
-    rounds: Annotated[Optional[int], typer.Option(help="Maximum rounds.")] = None,
-    run_dir: Annotated[Optional[Path], typer.Option(help="Run directory.")] = None,
-    data_dir: Annotated[Optional[Path], typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+    arm: Annotated[str, typer.Option(help="ecdysis (debate) | aggregate (single analyst) | serial")] = "ecdysis",
+    env: Annotated[str | None, typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    harness: Annotated[Path | None, typer.Option(help="Seed harness directory.")] = None,
+    model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
+    roles_model: Annotated[str | None, typer.Option(help="One model for every optimizer role.")] = None,
+    rounds: Annotated[int | None, typer.Option(help="Maximum rounds.")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
 ) -> None:
     """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable."""
     from ..trainer import train as run_training
@@ -195,6 +196,33 @@ def train(
         fail(str(exc))
         return
     views.train_summary(console, result)
+
+
+@app.command()
+def compare(
+    config: Annotated[Path, typer.Argument(help="TOML config (see benchmarks/*.toml).")],
+    sets: SetOpt = None,
+    arms: Annotated[str, typer.Option(help="Comma-separated: direct,fixed,serial,aggregate,ecdysis,best-of-k")] = (
+        "fixed,serial,ecdysis"),
+    seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
+    transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+) -> None:
+    """Run several arms on the same tasks, models and cache; print and save the comparison table."""
+    from ..trainer.compare import compare as run_compare
+    from ..trainer.compare import write_results
+
+    try:
+        cfg = build_config(config, sets, **{"env.data_dir": data_dir})
+        start = time.perf_counter()
+        results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
+                                          transfer_model))
+    except USER_ERRORS as exc:
+        fail(str(exc))
+        return
+    json_path, csv_path = write_results(results, cfg.run.run_dir)
+    views.compare_table(console, results)
+    console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path} and {csv_path}[/]")
 
 
 @runs_app.command("list")

@@ -63,6 +63,27 @@ def train_summary(console: Console, r: Any) -> None:
     console.print(table)
 
 
+def _fmt(value: Any, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def compare_table(console: Console, results: list[Any]) -> None:
+    table = Table(title="Arms compared (same tasks, models, cache)")
+    columns = ("arm", "seed", "train wall s", "agent exec", "opt calls", "opt tokens", "agent tokens", "edits +/-",
+               "train acc", "test acc", "pass@k", "pass^k", "gap", "speed-up vs serial", "exec ratio vs serial",
+               "test gain vs fixed", "test gain vs serial", "transfer acc")
+    for col in columns:
+        table.add_column(col, overflow="fold")
+    for r in results:
+        table.add_row(r.arm + (f" (k={r.k})" if r.arm == "best-of-k" else ""), str(r.seed), f"{r.train_wall_s:.0f}",
+                      str(r.agent_executions), str(r.optimizer_calls), str(r.optimizer_tokens), str(r.agent_tokens),
+                      f"{r.accepted_edits}/{r.rejected_edits}", _fmt(r.train_acc), _fmt(r.test_acc),
+                      _fmt(r.pass_at_k), _fmt(r.pass_hat_k), _fmt(r.gap), _fmt(r.speedup_vs_serial, ".2f"),
+                      _fmt(r.executions_ratio_vs_serial, ".2f"), _fmt(r.test_gain_vs_fixed, "+.1%"),
+                      _fmt(r.test_gain_vs_serial, "+.1%"), _fmt(r.transfer_acc))
+    console.print(table)
+
+
 def runs_table(console: Console, store: RunStore) -> None:
     table = Table(title=f"Runs in {store.run_dir}")
     for col in ("id", "kind", "status", "created", "evaluations"):

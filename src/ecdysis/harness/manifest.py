@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from .repairs import REPAIRS_FILE, parse_repairs
 
@@ -42,12 +42,19 @@ class Budget(BaseModel):
 
 
 class LayerFiles(BaseModel):
+    """Layer file paths; an empty string means the layer is absent."""
+
     contract: str | None = "contract.md"  # H3
     skills: str | None = "skills.json"  # H5 tips
     demos: str | None = "demos.json"  # H5 demonstrations
     action: str | None = "action.py"  # H2
     regulate: str | None = "regulate.py"  # H4
     loop: str | None = None  # free-form loop
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
 
 
 class Manifest(BaseModel):

@@ -166,6 +166,9 @@ class RunStore:
         rows = self._rows("SELECT data FROM records WHERE run_id=? AND kind=? AND key=?", (run_id, kind, key))
         return json.loads(rows[0]["data"]) if rows else None
 
+    def count_records(self, run_id: str, kind: str) -> int:
+        return int(self._rows("SELECT COUNT(*) AS n FROM records WHERE run_id=? AND kind=?", (run_id, kind))[0]["n"])
+
     def records(self, run_id: str, kind: str) -> list[tuple[str, Any]]:
         rows = self._rows("SELECT key, data FROM records WHERE run_id=? AND kind=? ORDER BY created", (run_id, kind))
         return [(r["key"], json.loads(r["data"])) for r in rows]

@@ -12,7 +12,7 @@ from ..workspace import Workspace
 from .trainer import Trainer, TrainResult
 from .view import TrainView
 
-ARMS_WITH_TRAINER = ("ecdysis", "aggregate")
+ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
 def run_id_for(config: Config, arm: str) -> str:
@@ -28,7 +28,10 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
     ws = ws or Workspace.open(config)
     seed = ws.harness()
     run_id = ws.store.start_run("train", config.model_dump(mode="json") | {"arm": arm}, run_id=run_id_for(config, arm))
-    trainer = Trainer(ws, run_id, arm, TrainView(console, enabled=console is not None))
+    from .serial import SerialTrainer
+
+    trainer_class = SerialTrainer if arm == "serial" else Trainer
+    trainer = trainer_class(ws, run_id, arm, TrainView(console, enabled=console is not None))
     final, rounds, stop = await trainer.train(seed)
     frozen, test_before, test_after = await trainer.freeze_and_test(seed, final)
     timings = dict(ws.store.records(run_id, "timing"))
@@ -40,8 +43,7 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
         run_id=run_id, arm=arm, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
         rounds=rounds, stop_reason=stop,
         train_before=rounds[0]["train_score"] if rounds else 0.0,
-        train_after=next((r.get("candidate_score", r["train_score"]) for r in reversed(rounds) if r["accepted"]),
-                         rounds[0]["train_score"] if rounds else 0.0),
+        train_after=_train_after(ws, trainer, final),
         test_before=test_before, test_after=test_after,
         wall_s=sum(v for k, v in timings.items() if k.startswith("r")),
         agent_executions=ws.store.count_trajectories(run_id, "train"),
@@ -51,6 +53,13 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
     )
     ws.store.finish_run(run_id, result.to_dict())
     return result
+
+
+def _train_after(ws: Workspace, trainer: Trainer, final: object) -> float:
+    """Train score of the final harness, read from its recorded train evaluation."""
+    eval_id = trainer.runner.eval_id(final, trainer.train_tasks, ws.config.train.train_trials, "train")  # type: ignore[arg-type]
+    trajectories = ws.store.trajectories(eval_id)
+    return sum(t.score for t in trajectories) / len(trajectories) if trajectories else 0.0
 
 
 def train(config: Config, arm: str = "ecdysis", console: Console | None = None) -> TrainResult:

@@ -1,0 +1,92 @@
+"""The `serial` baseline (Life-Harness-style per-failure iterative search) on the same plumbing.
+
+Each round collects failures like the trainer; then, for each failed training task in turn, one
+diagnose-and-edit call on that single failure, one implementation, a full training re-evaluation,
+and accept/revert by the same rule. The same round cap applies, plus `serial_max_edits` in total.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..harness.manifest import HarnessVersion
+from .accept import decide
+from .failures import Pattern, failure_record, suggest_levers
+from .fdcr import SpecWriter
+from .implement import Implementer
+from .spec import HarnessSpec
+from .trainer import Trainer
+
+
+def single_failure_pattern(record: Any) -> Pattern:
+    return Pattern(
+        id="P1", name=f"single failure of task {record.task_id}: ended '{record.termination}'",
+        signatures=[record.signature], tasks=[record.task_id], support=1, layer=record.layer,
+        classification="recurring", reason="serial search treats every failure as its own target",
+        facts=record.facts, levers=suggest_levers([record]),
+        evidence=[{"task_id": record.task_id, "last_reply": record.last_replies[-1] if record.last_replies else "",
+                   "final_answer": record.final_answer, "expected": record.expected, "detail": record.detail,
+                   "facts": record.facts}],
+    )
+
+
+class SerialTrainer(Trainer):
+    """Per-failure search: one edit attempt and one full re-evaluation per failed task."""
+
+    async def _round(self, r: int, current: HarnessVersion) -> dict[str, Any]:
+        key = f"r{r}"
+        summary = await self._evaluate(current, f"{key}/collect")
+        trajectories, patterns = self._patterns(summary)
+        self.view.round(r, current.id, summary.accuracy, patterns)
+        record: dict[str, Any] = {"round": r, "harness_before": current.id, "harness_after": current.id,
+                                  "train_score": summary.accuracy, "accepted": False, "patterns": len(patterns),
+                                  "recurring": sum(p.classification == "recurring" for p in patterns), "edits": []}
+        gold = {t.id: t.gold for t in self.train_tasks}
+        failed = sorted({t.task_id for t in trajectories if t.score < self.cfg.train.failure_threshold})
+        if not failed:
+            return record | {"stop": "no failures left", "reason": "no failures"}
+        per_task, base = summary.per_task, current
+        manifest_tools = current.manifest.tools
+        offered = set(self.ws.env.tool_names) & set(self.ws.env.tool_names if manifest_tools is None else manifest_tools)
+        for i, task_id in enumerate(failed):
+            if self.store.count_records(self.run_id, "serial-edit") >= self.cfg.train.serial_max_edits:
+                break
+            edit_key = f"{key}/f{i}"
+            done = self.store.get_record(self.run_id, "serial-edit", edit_key)
+            if done is None:
+                done = await self._edit(edit_key, current, per_task, task_id, gold, trajectories, not offered)
+                self.store.put_record(self.run_id, "serial-edit", edit_key, done)
+            record["edits"].append(done)
+            if done["accepted"]:
+                current = self.store.load_version(done["harness"])
+                per_task = done["per_task"]
+        record["harness_after"] = current.id
+        record["accepted"] = current.id != base.id
+        record["reason"] = f"{sum(e['accepted'] for e in record['edits'])}/{len(record['edits'])} edits accepted"
+        return record
+
+    async def _edit(self, key: str, current: HarnessVersion, per_task: dict[str, list[float]], task_id: str,
+                    gold: dict[str, Any], trajectories: list[Any], single_turn: bool) -> dict[str, Any]:
+        latest = self.store.trajectories(self.runner.eval_id(current, self.train_tasks, self.cfg.train.train_trials,
+                                                             "train"))
+        failing = [t for t in (latest or trajectories) if t.task_id == task_id and not t.passed]
+        if not failing:
+            return {"task": task_id, "accepted": False, "reason": "passes with the current harness"}
+        pattern = single_failure_pattern(failure_record(failing[0], gold[task_id]))
+        writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles.temperature, self.cfg.roles.max_tokens)
+        outcome = await self._timed(f"{key}/spec", lambda: writer.write(key, current, [pattern], 0, debate=False))
+        if outcome.spec is None:
+            return {"task": task_id, "accepted": False, "reason": outcome.error}
+        implementer = Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
+                                  self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
+        spec = HarnessSpec.model_validate(outcome.spec.model_dump())
+        candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
+            current, spec, latest or trajectories, single_turn))
+        if candidate.version is None:
+            return {"task": task_id, "accepted": False, "reason": candidate.error}
+        self.store.save_version(candidate.version, parent=current.id, note=f"serial {key}")
+        validation = await self._evaluate(candidate.version, f"{key}/validate")
+        decision = decide(self.cfg.train.acceptance, per_task, validation.per_task, self.cfg.train.tolerance)
+        self.view.decision(decision.accepted, f"serial edit for {task_id}: {decision.reason}")
+        return {"task": task_id, "accepted": decision.accepted, "reason": decision.reason,
+                "harness": candidate.version.id, "per_task": validation.per_task}

@@ -1,0 +1,46 @@
+"""`compare` with scripted models: every arm runs; serial edits once per failure, ecdysis once per round;
+caps hold; ratios come from the recorded numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import Roles, add_answer, make_ws
+
+from ecdysis.models import ScriptedModel
+from ecdysis.store import RunStore
+from ecdysis.trainer.compare import ARMS, compare, write_results
+
+USELESS_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H3", "kind": "add_rule", "file": "",
+                "text": "Be careful with arithmetic.", "repair": "", "value": 0, "rationale": "care"}],
+                "skills": [], "implementation_notes": "", "expected_effect": "none really"}
+
+
+async def test_every_arm_runs_with_caps_and_ratios(tmp_path: Path) -> None:
+    roles = Roles(spec=USELESS_SPEC)
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), "train.rounds=2", "train.serial_max_edits=4")
+    results = await compare(ws.config, list(ARMS), seeds=1, open_workspace=lambda cfg: ws)
+    by_arm = {r.arm: r for r in results}
+    assert set(by_arm) == set(ARMS)
+    assert by_arm["direct"].test_acc == 0.0  # the bare harness answers the raw reply; exact match wants "8"
+    assert by_arm["fixed"].test_acc == 0.0 and by_arm["fixed"].train_acc == 0.0
+    store = RunStore(ws.config.run.run_dir)  # compare closed the workspace
+    serial_run = next(r["id"] for r in store.runs() if r["id"].startswith("train-serial"))
+    ecdysis_run = next(r["id"] for r in store.runs() if r["id"].startswith("train-ecdysis"))
+    assert store.count_records(serial_run, "serial-edit") == 4  # capped: one attempt per failure, 6 failures
+    assert len(store.records(ecdysis_run, "spec")) == 2  # one spec per round, two rounds
+    assert by_arm["serial"].accepted_edits == 0 and by_arm["serial"].rejected_edits == 4
+    e, s = by_arm["ecdysis"], by_arm["serial"]
+    assert e.speedup_vs_serial == pytest.approx(s.train_wall_s / e.train_wall_s)
+    assert e.executions_ratio_vs_serial == pytest.approx(s.agent_executions / e.agent_executions)
+    assert by_arm["direct"].test_gain_vs_fixed is None  # fixed scored 0: no ratio to report
+    assert 1 <= by_arm["best-of-k"].k <= 8
+    json_path, csv_path = write_results(results, tmp_path / "out")
+    assert csv_path.read_text().count("\n") == len(ARMS) + 1 and json_path.exists()
+
+
+async def test_unknown_arm(tmp_path: Path) -> None:
+    ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"))
+    with pytest.raises(ValueError, match="unknown arm"):
+        await compare(ws.config, ["fixed", "magic"], open_workspace=lambda cfg: ws)
