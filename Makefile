@@ -23,7 +23,7 @@ models: setup
 	$(BIN)/ecdysis models pull $(MODEL) --source $(MODEL_SOURCE)
 
 run: models
-	$(BIN)/ecdysis eval --env gsm8k --model local:$(MODEL) --split test --limit 20 \
+	$(BIN)/ecdysis train -c benchmarks/gsm8k_train.toml --model local:$(MODEL) --roles-model local:$(MODEL) \
 		--data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
 
 test: setup
