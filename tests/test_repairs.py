@@ -1,0 +1,37 @@
+"""The built-in H2 repairs on reply shapes seen from real small models."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecdysis.harness.api import Action, ToolSpec
+from ecdysis.harness.repairs import CATALOG, parse_repairs, try_repairs
+
+SQL = (ToolSpec("sql", ""),)
+
+
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("so each stall gets \\(\\boxed{192}\\).", "192"),
+    ("Total: \\[ \\boxed{\\$1,250.50} \\]", "1250.50"),
+    ("\\boxed{\\frac{1}{2}} then later \\boxed{18}", "18"),
+])
+def test_boxed_answer(reply: str, expected: str) -> None:
+    assert CATALOG["boxed_answer"].apply(reply, ()) == Action("answer", expected)
+
+
+def test_other_repairs() -> None:
+    assert CATALOG["answer_phrase"].apply("Thus the answer is $42.", ()) == Action("answer", "42")
+    assert CATALOG["last_number"].apply("3 apples and 4 pears: 7", ()) == Action("answer", "7")
+    assert CATALOG["last_number"].apply("3 apples", SQL) is None  # tool tasks need an explicit answer
+    assert CATALOG["final_answer_anywhere"].apply('I am sure.\nFinal Answer: ["x"]', SQL) == Action("answer", '["x"]')
+    assert CATALOG["bare_sql"].apply("```sql\nSELECT 1;\n```", SQL) == Action("sql", "SELECT 1;")
+    assert CATALOG["bare_sql"].apply("SELECT name FROM t;", SQL) == Action("sql", "SELECT name FROM t;")
+    assert CATALOG["bare_sql"].apply("SELECT name FROM t;", ()) is None
+
+
+def test_enabled_repairs_apply_in_order_and_unknown_names_fail() -> None:
+    repairs = parse_repairs('["answer_phrase", "boxed_answer"]')
+    assert try_repairs(repairs, "the answer is 5, i.e. \\boxed{6}", ()) == (Action("answer", "5"), "answer_phrase")
+    assert try_repairs(repairs, "no numbers here", ()) is None
+    with pytest.raises(ValueError, match="unknown repair"):
+        parse_repairs('["guess"]')
