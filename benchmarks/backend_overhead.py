@@ -3,8 +3,9 @@ llama-cpp-python calls on the same prompts and the same loaded model.
 
     .venv/bin/python benchmarks/backend_overhead.py [--model smollm2-135m] [--prompts 12] [--max-tokens 64]
 
-Calls alternate (direct, backend, direct, backend, ...) so machine noise hits both alike; greedy
-decoding makes both produce the same tokens, which the script checks.
+Calls alternate (direct, backend, direct, backend, ...) so machine noise hits both alike. Greedy
+decoding mostly gives the same tokens (llama.cpp's prompt-prefix reuse can change a few), so the
+script also reports time per completion token.
 """
 
 from __future__ import annotations
@@ -38,23 +39,29 @@ async def main() -> None:
     llm.create_chat_completion(messages=[{"role": "user", "content": "warm up"}], max_tokens=8, temperature=0.0)
     direct_s: list[float] = []
     backend_s: list[float] = []
-    same = 0
+    direct_tokens = backend_tokens = same = 0
     for prompt in prompts:
         messages = [{"role": "user", "content": prompt}]
         start = time.perf_counter()
         raw = llm.create_chat_completion(messages=messages, max_tokens=args.max_tokens, temperature=0.0, top_p=1.0)
         direct_s.append(time.perf_counter() - start)
+        direct_tokens += raw["usage"]["completion_tokens"]
         request = ChatRequest(messages=[Message(role="user", content=prompt)],
                               params=GenerationParams(max_tokens=args.max_tokens, temperature=0.0))
         start = time.perf_counter()
         response = await backend.chat(request)
         backend_s.append(time.perf_counter() - start)
+        backend_tokens += response.usage.completion_tokens
         same += response.text == raw["choices"][0]["message"]["content"]
     total_direct, total_backend = sum(direct_s), sum(backend_s)
     print(f"model={args.model} prompts={len(prompts)} max_tokens={args.max_tokens} identical_outputs={same}/{len(prompts)}")
     print(f"direct llama-cpp-python: total {total_direct:.3f}s, median {statistics.median(direct_s) * 1000:.1f} ms")
     print(f"ecdysis embedded backend: total {total_backend:.3f}s, median {statistics.median(backend_s) * 1000:.1f} ms")
-    print(f"overhead ratio: {total_backend / total_direct:.4f} ({(total_backend / total_direct - 1) * 100:+.2f}%)")
+    print(f"overhead ratio (wall): {total_backend / total_direct:.4f} ({(total_backend / total_direct - 1) * 100:+.2f}%)")
+    per_direct, per_backend = total_direct / direct_tokens, total_backend / backend_tokens
+    print(f"per completion token: direct {per_direct * 1000:.2f} ms ({direct_tokens} tokens), "
+          f"backend {per_backend * 1000:.2f} ms ({backend_tokens} tokens); "
+          f"ratio {per_backend / per_direct:.4f} ({(per_backend / per_direct - 1) * 100:+.2f}%)")
 
 
 if __name__ == "__main__":

@@ -78,3 +78,13 @@ async def test_worker_killed_by_cpu_limit_is_a_crash(runner_parts) -> None:  # t
     traj = store.trajectories(summary.eval_id)[0]
     assert traj.termination == "crash"
     assert "SIGXCPU" in (traj.traceback or "") or "SIGKILL" in (traj.traceback or "")
+
+
+async def test_agent_token_budget_stops_new_episodes(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    runner.concurrency = 1
+    runner.max_agent_tokens = 1  # exhausted by the first episode
+    summary = await runner.evaluate(seed_with("gsm8k"), tasks, label="budget")
+    assert summary.episodes == 1 and runner.tokens_spent >= 1
+    evaluation = next(e for e in store.evaluations(runner.run_id) if e["id"] == summary.eval_id)
+    assert '"budget_exhausted": true' in evaluation["summary"] and '"complete": false' in evaluation["summary"]

@@ -27,6 +27,7 @@ class RunSection(BaseModel):
     seed: int = 0
     concurrency: int = 2
     progress: bool = True
+    max_agent_tokens: int | None = None  # budget for fresh (uncached) agent tokens; then no new episodes start
 
 
 class EnvSection(BaseModel):

@@ -68,6 +68,7 @@ class Workspace:
             env=self.env, env_name=self.config.env.name, env_options=self.config.env.options,
             limits=SandboxLimits(timeout_s=s.timeout_s, memory_mb=s.memory_mb, cpu_s=s.cpu_s, file_mb=s.file_mb),
             concurrency=self.config.run.concurrency, show_progress=self.config.run.progress,
+            max_agent_tokens=self.config.run.max_agent_tokens,
         )
 
     def close(self) -> None:
