@@ -42,7 +42,8 @@ def render_tools(tools: tuple[ToolSpec, ...]) -> str:
     return "\n".join(f"- {t.name}: {t.description}" for t in tools) or "(no tools: answer directly)"
 
 
-def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...], task_prompt: str) -> tuple[str, list[str]]:
+def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...],
+                        task_prompt: str) -> tuple[str, list[str]]:
     """H3 contract with tools filled in, plus H5 tips retrieved for this task. Returns (text, skill ids)."""
     contract = (harness.layer_text("contract") or "").replace("{tools}", render_tools(tools))
     skills = retrieve(parse_skills(harness.layer_text("skills")), task_prompt, harness.manifest.budget.top_k_skills)

@@ -22,7 +22,8 @@ _PHRASE = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*[:\s]*(" + NUMBE
 _NUM = re.compile(NUMBER)
 _FINAL = re.compile(r"Final Answer:\s*(.+)", re.DOTALL)
 _CODE = re.compile(r"```(?:sql|sqlite)?\s*(.+?)```", re.DOTALL | re.IGNORECASE)
-_SQL_LINE = re.compile(r"^\s*((?:SELECT|INSERT|UPDATE|DELETE|WITH)\b.+?;?)\s*$", re.IGNORECASE | re.MULTILINE | re.DOTALL)
+_SQL_LINE = re.compile(r"^\s*((?:SELECT|INSERT|UPDATE|DELETE|WITH)\b.+?;?)\s*$",
+                       re.IGNORECASE | re.MULTILINE | re.DOTALL)
 
 
 def _clean_number(text: str) -> str | None:

@@ -131,7 +131,8 @@ async def run_in_sandbox(
     return result
 
 
-async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]], limits: SandboxLimits) -> dict[str, Any]:
+async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
+                            limits: SandboxLimits) -> dict[str, Any]:
     """Run the candidate's H2 over stored replies in a worker; returns {"results"} or {"error"}."""
     request = {"mode": "replay", "files": files, "items": items,
                "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb}}

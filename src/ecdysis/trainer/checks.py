@@ -93,7 +93,8 @@ def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task
                 raise CheckFailed(f"the edit contains {value!r}, the gold answer of training task {task.id}")
 
 
-def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task], tools: dict[str, list[str]]) -> list[dict[str, Any]]:
+def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task],
+                  tools: dict[str, list[str]]) -> list[dict[str, Any]]:
     return [{"prompt": tasks[t.task_id].prompt, "replies": t.replies(), "tools": tools.get(t.task_id, [])}
             for t in trajectories]
 

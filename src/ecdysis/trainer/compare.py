@@ -112,7 +112,8 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
                 "temperature = 0.0", "temperature = 0.7")})
             summary = await ws.runner(run_id).evaluate(sampled, fixed_test, k, "test", "test")
             acc = majority_vote_accuracy(ws, summary, {t.id: t for t in fixed_test})
-            out = ArmResult(arm, seed, agent_executions=0, agent_tokens=summary.prompt_tokens + summary.completion_tokens,
+            out = ArmResult(arm, seed, agent_executions=0,
+                            agent_tokens=summary.prompt_tokens + summary.completion_tokens,
                             test_acc=acc, pass_at_k=summary.pass_at_k, pass_hat_k=summary.pass_hat_k, k=k,
                             harness_id=sampled.id)
         else:

@@ -46,7 +46,7 @@ class Candidate:
     error: str = ""
 
 
-def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> dict[str, str] | list[dict[str, str]] | None:
+def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, str]] | None:
     """A worked example from the shortest passing training trajectory (user/assistant turns)."""
     passing = sorted((t for t in trajectories if t.passed and t.replies()), key=lambda t: sum(map(len, t.replies())))
     if not passing:
@@ -164,7 +164,8 @@ class Implementer:
                     version.files[f] == current.files.get(f) for f in version.files
                     if f not in (REPAIRS_FILE, current.manifest.files.action))
                 if deterministic:
-                    candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits, single_turn)
+                    candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits,
+                                                          single_turn)
                 candidate.version = version
                 candidate.attempts.append({"sample": sample, "ok": True,
                                            "replay": candidate.replay.to_dict() if candidate.replay else None})

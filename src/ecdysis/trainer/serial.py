@@ -46,15 +46,14 @@ class SerialTrainer(Trainer):
         if not failed:
             return record | {"stop": "no failures left", "reason": "no failures"}
         per_task, base = summary.per_task, current
-        manifest_tools = current.manifest.tools
-        offered = set(self.ws.env.tool_names) & set(self.ws.env.tool_names if manifest_tools is None else manifest_tools)
         for i, task_id in enumerate(failed):
             if self.store.count_records(self.run_id, "serial-edit") >= self.cfg.train.serial_max_edits:
                 break
             edit_key = f"{key}/f{i}"
             done = self.store.get_record(self.run_id, "serial-edit", edit_key)
             if done is None:
-                done = await self._edit(edit_key, current, per_task, task_id, gold, trajectories, not offered)
+                done = await self._edit(edit_key, current, per_task, task_id, gold, trajectories,
+                                        self.single_turn(current))
                 self.store.put_record(self.run_id, "serial-edit", edit_key, done)
             record["edits"].append(done)
             if done["accepted"]:

@@ -73,7 +73,11 @@ class Trainer:
         self.runner: Runner = ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
-        self.single_turn = False
+
+    def single_turn(self, harness: HarnessVersion) -> bool:
+        """True when the harness offers none of the environment's tools (replay can regrade answers)."""
+        offered = harness.manifest.tools
+        return not set(self.ws.env.tool_names) & set(self.ws.env.tool_names if offered is None else offered)
 
     def _role_model(self, role: str) -> MeteredModel:
         model = self.ws.model(self.cfg.role_model(role), role=role)
@@ -132,10 +136,8 @@ class Trainer:
         implementer = Implementer(
             self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
             self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
-        manifest_tools = current.manifest.tools
-        offered = set(self.ws.env.tool_names) & set(self.ws.env.tool_names if manifest_tools is None else manifest_tools)
         candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
-            current, spec, trajectories, single_turn=not offered))
+            current, spec, trajectories, single_turn=self.single_turn(current)))
         self.store.put_record(self.run_id, "candidate", key, {
             "harness": candidate.version.id if candidate.version else None, "applied": candidate.applied,
             "attempts": candidate.attempts, "error": candidate.error,
