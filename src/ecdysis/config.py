@@ -69,7 +69,8 @@ class RolesSection(BaseModel):
     moderator: str = ""
     implementer: str = ""
     temperature: float = 0.2
-    max_tokens: int = 700
+    max_tokens: int = 220  # debate turns
+    spec_max_tokens: int = 900  # the Moderator's (or single analyst's) JSON spec
 
 
 class TrainSection(BaseModel):

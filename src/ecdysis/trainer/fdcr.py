@@ -13,6 +13,7 @@ from importlib import resources
 from string import Template
 from typing import Any
 
+from ..config import RolesSection
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG as REPAIRS
 from ..harness.repairs import REPAIRS_FILE
@@ -89,31 +90,35 @@ class SpecWriter:
     store: RunStore
     run_id: str
     roles: dict[str, MeteredModel]
-    temperature: float = 0.2
-    max_tokens: int = 400
+    settings: RolesSection = field(default_factory=RolesSection)
 
     async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
-                   history: list[Message] | None = None, max_tokens: int | None = None) -> str:
+                   history: list[Message] | None = None) -> tuple[str, str]:
+        """One role turn; returns (text, finish reason)."""
         messages = [*(history or []), Message(role="user", content=prompt)]
-        params = GenerationParams(temperature=self.temperature, max_tokens=max_tokens or self.max_tokens,
-                                  json_schema=schema)
+        limit = self.settings.spec_max_tokens if schema else self.settings.max_tokens
+        params = GenerationParams(temperature=self.settings.temperature, max_tokens=limit, json_schema=schema)
         response = await self.roles[role].chat(ChatRequest(messages=messages, params=params))
-        return response.text
+        return response.text, response.finish_reason
 
     def _checkpoint(self, key: str, transcript: list[dict[str, Any]]) -> None:
         self.store.put_record(self.run_id, "transcript", key, transcript)
 
     async def write(self, key: str, harness: HarnessVersion, patterns: list[Pattern], passes: int,
-                    debate: bool = True) -> DebateOutcome:
-        """Debate for `passes` rounds (if `debate`), then have the Moderator (or analyst) write the spec."""
+                    debate: bool = True, earlier: str = "") -> DebateOutcome:
+        """Debate for `passes` rounds (if `debate`), then have the Moderator (or analyst) write the spec.
+
+        `earlier` describes specs tried in earlier rounds and why they were rejected.
+        """
         transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
-        context = {"harness": harness_summary(harness), "patterns": patterns_text(patterns), "levers": levers_text()}
+        context = {"harness": harness_summary(harness), "patterns": patterns_text(patterns), "levers": levers_text(),
+                   "earlier": earlier or "(first attempt)"}
         turns = [(p, r) for p in range(passes) for r in DEBATE_ROLES] if debate else []
         for index, (pass_no, role) in enumerate(turns):
             if index < len(transcript):
                 continue  # done before a restart
             said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript) or "(nothing yet)"
-            text = await self._say(role, render(role, transcript=said, **context), max_tokens=min(self.max_tokens, 220))
+            text, _ = await self._say(role, render(role, transcript=said, **context))
             transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
             self._checkpoint(key, transcript)
         said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript)
@@ -124,12 +129,14 @@ class SpecWriter:
         history: list[Message] = []
         error = ""
         for _attempt in range(2):  # the spec, then one repair with the error shown
-            text = await self._say(writer, prompt, schema=spec_json_schema(), history=history)
+            text, finish = await self._say(writer, prompt, schema=spec_json_schema(), history=history)
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
             except SpecError as exc:
                 error = str(exc)
+                if finish == "length":
+                    error = "the JSON was cut off at the length limit; write fewer, shorter strings. " + error
                 history = [*history, Message(role="user", content=prompt), Message(role="assistant", content=text)]
                 prompt = render("repair_spec", error=error)
                 continue

@@ -72,7 +72,7 @@ class SerialTrainer(Trainer):
         if not failing:
             return {"task": task_id, "accepted": False, "reason": "passes with the current harness"}
         pattern = single_failure_pattern(failure_record(failing[0], gold[task_id]))
-        writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles.temperature, self.cfg.roles.max_tokens)
+        writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
         outcome = await self._timed(f"{key}/spec", lambda: writer.write(key, current, [pattern], 0, debate=False))
         if outcome.spec is None:
             return {"task": task_id, "accepted": False, "reason": outcome.error}

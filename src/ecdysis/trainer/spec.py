@@ -51,25 +51,30 @@ class SpecError(ValueError):
 
 
 def spec_json_schema() -> dict[str, Any]:
-    """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept."""
-    s = {"type": "string"}
+    """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept.
+
+    Strings are length-bounded: small models otherwise write until the token limit cuts the JSON.
+    """
+    s = {"type": "string", "maxLength": 200}
+    short = {"type": "string", "maxLength": 40}
     change = {
         "type": "object",
         "properties": {
             "layer": {"type": "string", "enum": ["H2", "H3", "H4", "H5"]},
             "kind": {"type": "string", "enum": list(ChangeKind.__args__)},  # type: ignore[attr-defined]
-            "file": s, "text": s,
+            "file": short, "text": s,
             "repair": {"type": "string", "enum": ["", *REPAIRS]},
             "value": {"type": "integer"},
             "rationale": s,
         },
         "required": ["layer", "kind", "text", "repair", "rationale"],
     }
-    skill = {"type": "object", "properties": {"id": s, "trigger": s, "tip": s}, "required": ["id", "trigger", "tip"]}
+    skill = {"type": "object", "properties": {"id": short, "trigger": short, "tip": s},
+             "required": ["id", "trigger", "tip"]}
     return {
         "type": "object",
         "properties": {
-            "patterns_addressed": {"type": "array", "items": s, "minItems": 1},
+            "patterns_addressed": {"type": "array", "items": short, "minItems": 1, "maxItems": 4},
             "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": 3},
             "skills": {"type": "array", "items": skill, "maxItems": 2},
             "implementation_notes": s,

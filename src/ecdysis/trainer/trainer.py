@@ -74,6 +74,17 @@ class Trainer:
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
 
+    def earlier_attempts(self, r: int) -> str:
+        """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
+        lines = []
+        for k in range(1, r):
+            decision = self.store.get_record(self.run_id, "decision", f"r{k}") or {}
+            spec = (self.store.get_record(self.run_id, "spec", f"r{k}") or {}).get("spec")
+            changes = "; ".join(f"{c['kind']} {c['repair'] or c['text'][:80]}" for c in (spec or {}).get("changes", []))
+            verdict = "accepted" if decision.get("accepted") else "rejected"
+            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({decision.get('reason', '')[:200]})")
+        return "\n".join(lines)
+
     def single_turn(self, harness: HarnessVersion) -> bool:
         """True when the harness offers none of the environment's tools (replay can regrade answers)."""
         offered = harness.manifest.tools
@@ -123,10 +134,10 @@ class Trainer:
             return record | {"stop": "nothing recurring left", "reason": "no recurring pattern"}
         spec_record = self.store.get_record(self.run_id, "spec", key)
         if spec_record is None:
-            writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles.temperature,
-                                self.cfg.roles.max_tokens)
+            writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
             outcome = await self._timed(f"{key}/spec", lambda: writer.write(
-                key, current, patterns, self.cfg.train.debate_passes, debate=self.arm == "ecdysis"))
+                key, current, patterns, self.cfg.train.debate_passes, debate=self.arm == "ecdysis",
+                earlier=self.earlier_attempts(r)))
             spec_record = {"spec": outcome.spec.model_dump() if outcome.spec else None, "error": outcome.error}
             self.store.put_record(self.run_id, "spec", key, spec_record)
         if spec_record["spec"] is None:
