@@ -49,6 +49,7 @@ def test_recurring_vs_isolated_classification() -> None:
     assert any("boxed_answer" in lever for lever in boxed.levers)
     lone = next(p for p in patterns if p.tasks == ["t9"])
     assert lone.classification == "isolated" and "one task" in lone.reason
+    assert "reasoning error" in lone.levers[0] and not any("boxed" in lever for lever in lone.levers)
     flaky = aggregate([failure_record(traj("a", "\\boxed{1}"), 1), failure_record(traj("b", "\\boxed{2}"), 2)],
                       {"a": (2, 1), "b": (2, 0)})
     assert flaky[0].classification == "isolated" and "noise" in flaky[0].reason

@@ -157,9 +157,10 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
     wrappers = Counter(r.facts["expected_wrapper"] for r in records)
     shapes = Counter(r.facts["shape"].split("+")[0] for r in records)
     levers: list[str] = []
-    if majority(wrappers["boxed"]) or majority(shapes["boxed"]):
+    unparsed = majority(sum(not r.facts["answer_parsed"] for r in records))
+    if unparsed and (majority(wrappers["boxed"]) or majority(shapes["boxed"])):
         levers.append("repair:boxed_answer (H2 accepts \\boxed{...}) and/or an H3 rule + demo for the required format")
-    if majority(shapes["answer_phrase"]):
+    if unparsed and majority(shapes["answer_phrase"]):
         levers.append("repair:answer_phrase (H2 accepts 'the answer is N')")
     if majority(shapes["final_answer"]) and any(r.rules for r in records):
         levers.append("repair:final_answer_anywhere (H2 accepts 'Final Answer:' without the header)")
@@ -171,6 +172,9 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
         levers.append("H3 rule or H5 skill about the tool's syntax (e.g. quoting names)")
     if majority(sum(r.termination in ("stopped", "max_turns") for r in records)):
         levers.append("H4 budget/loop handling or an H3 rule on when to answer")
+    if not unparsed and not majority(sum(r.facts["expected_in_reply"] for r in records)):
+        levers.append("the answer was parsed but is wrong: a reasoning error of the model; an H3 rule or H5 "
+                      "skill only if it is general (e.g. 'check each step'); otherwise leave it")
     if not levers:
         levers.append("H3 rule or H5 skill only if general; otherwise leave it (model-specific)")
     return levers
