@@ -172,3 +172,16 @@ async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path)
     # the collect evaluation finished before the kill and the repair leaves prompts unchanged, so the only
     # new agent calls are the 4 test tasks (the final harness's test run hits the cache)
     assert len(agent.calls) == 4
+
+
+def test_skills_whose_trigger_matches_no_training_task_are_dropped() -> None:
+    from ecdysis.trainer.implement import apply_structured
+    from ecdysis.trainer.spec import HarnessSpec
+
+    tasks = {t.id: t for t in (_task(1), _task(2))}
+    spec = HarnessSpec.model_validate(BOXED_SPEC | {"skills": [
+        {"id": "junk", "trigger": "P1", "tip": "The latest proposal overfits."},
+        {"id": "count", "trigger": "marbles jar", "tip": "Count the marbles twice."}]})
+    files, notes = apply_structured(seed_with("gsm8k"), spec, [], tasks)
+    assert [s["id"] for s in json.loads(files["skills.json"])] == ["count"]
+    assert any("junk dropped" in n for n in notes)

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 TOKEN = re.compile(r"[a-z0-9]+")
+STOPWORDS = frozenset(
+    "a an and are as at be but by can do does for from has have how if in into is it its of on or so than that "
+    "the their then there these this those to was were what when where which who why will with you your".split()
+)
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,7 @@ class Skill:
 
 
 def tokenize(text: str) -> list[str]:
-    return TOKEN.findall(text.lower())
+    return [w for w in TOKEN.findall(text.lower()) if w not in STOPWORDS]
 
 
 def parse_skills(text: str | None) -> list[Skill]:
@@ -30,9 +34,11 @@ def parse_skills(text: str | None) -> list[Skill]:
 
 
 def retrieve(skills: list[Skill], query: str, top_k: int) -> list[Skill]:
-    """Always-on skills first, then the top-k BM25+ matches (sharing a word with the task text).
+    """Always-on skills first, then the top-k BM25+ matches of their triggers against the task text.
 
-    BM25+ keeps idf positive on the tiny corpora harnesses have (Okapi's is 0 with two documents).
+    A skill is a candidate only if its trigger shares a (non-stop) word with the task; the trigger says
+    when the tip applies, so the tip's own words do not pull it into unrelated tasks. BM25+ keeps idf
+    positive on the tiny corpora harnesses have (Okapi's is 0 with two documents).
     """
     always = [s for s in skills if s.trigger.strip() == "*"]
     rest = [s for s in skills if s.trigger.strip() != "*"]
@@ -40,7 +46,7 @@ def retrieve(skills: list[Skill], query: str, top_k: int) -> list[Skill]:
         return always
     from rank_bm25 import BM25Plus
 
-    docs = [tokenize(f"{s.trigger} {s.tip}") or ["_"] for s in rest]
+    docs = [tokenize(s.trigger) or ["_"] for s in rest]
     words = tokenize(query)
     scores = BM25Plus(docs).get_scores(words)
     vocabulary = set(words)

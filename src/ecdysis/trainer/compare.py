@@ -92,7 +92,7 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
     if arm in ("ecdysis", "aggregate", "serial"):
         result = await train_async(cfg, arm, ws=ws)
         decisions = [r for r in result.rounds if "candidate" in r or r.get("edits")]
-        edits = [e for r in result.rounds for e in r.get("edits", [])] or decisions
+        edits = [e for r in result.rounds for e in r.get("edits", []) if e.get("attempted", True)] or decisions
         accepted = sum(1 for e in edits if e.get("accepted"))
         test = result.test_after or {}
         out = ArmResult(arm, seed, result.wall_s, result.agent_executions, result.optimizer_calls,

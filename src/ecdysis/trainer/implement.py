@@ -22,6 +22,7 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
 from ..harness.manifest import HarnessVersion, load_harness
 from ..harness.repairs import REPAIRS_FILE
+from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..runner.sandbox import SandboxLimits
@@ -103,8 +104,12 @@ def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: l
                                            files["harness.toml"])
             notes.append(f"generation.max_tokens = {change.value}")
     for skill in spec.skills:
+        candidate = Skill(skill.id, skill.trigger or "*", skill.tip)
+        if candidate.trigger != "*" and not any(retrieve([candidate], t.prompt, 1) for t in tasks.values()):
+            notes.append(f"H5 skill {skill.id} dropped: its trigger {skill.trigger!r} matches no training task")
+            continue
         items = skills()
-        items.append({"id": skill.id or f"s{len(items) + 1}", "trigger": skill.trigger or "*", "tip": skill.tip})
+        items.append({"id": skill.id or f"s{len(items) + 1}", "trigger": candidate.trigger, "tip": skill.tip})
         files[skills_file] = json.dumps(items, indent=1) + "\n"
         notes.append(f"H5 skill {skill.id} added")
     return files, notes

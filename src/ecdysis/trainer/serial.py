@@ -70,7 +70,7 @@ class SerialTrainer(Trainer):
                                                              "train"))
         failing = [t for t in (latest or trajectories) if t.task_id == task_id and not t.passed]
         if not failing:
-            return {"task": task_id, "accepted": False, "reason": "passes with the current harness"}
+            return {"task": task_id, "accepted": False, "attempted": False, "reason": "passes with the current harness"}
         pattern = single_failure_pattern(failure_record(failing[0], gold[task_id]))
         writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
         outcome = await self._timed(f"{key}/spec", lambda: writer.write(key, current, [pattern], 0, debate=False))
