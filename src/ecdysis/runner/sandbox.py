@@ -53,6 +53,15 @@ def worker_env(workdir: str) -> dict[str, str]:
     return env
 
 
+async def _spawn_worker(workdir: str) -> asyncio.subprocess.Process:
+    """A fresh worker process in its own session (so the whole group can be killed)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ecdysis.runner.worker",
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=workdir, env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
+    )
+
+
 async def _drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
     while chunk := await stream.read(65536):
         sink.extend(chunk)
@@ -90,11 +99,7 @@ async def run_in_sandbox(
     result: Trajectory | None = None
     termination, detail = "crash", ""
     with tempfile.TemporaryDirectory(prefix="ecdysis-sbx-") as workdir:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ecdysis.runner.worker",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=workdir, env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
-        )
+        proc = await _spawn_worker(workdir)
         assert proc.stdin and proc.stdout and proc.stderr
         drain = asyncio.create_task(_drain(proc.stderr, stderr))
 
@@ -137,11 +142,7 @@ async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
     request = {"mode": "replay", "files": files, "items": items,
                "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb}}
     with tempfile.TemporaryDirectory(prefix="ecdysis-replay-") as workdir:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ecdysis.runner.worker", stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=workdir,
-            env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
-        )
+        proc = await _spawn_worker(workdir)
         try:
             out, err = await asyncio.wait_for(proc.communicate((json.dumps(request) + "\n").encode()),
                                               timeout=limits.timeout_s)
