@@ -44,3 +44,11 @@ async def test_unknown_arm(tmp_path: Path) -> None:
     ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"))
     with pytest.raises(ValueError, match="unknown arm"):
         await compare(ws.config, ["fixed", "magic"], open_workspace=lambda cfg: ws)
+
+
+async def test_each_arm_accounts_its_own_optimizer_calls(tmp_path: Path) -> None:
+    ws = make_ws(tmp_path, Roles(spec=USELESS_SPEC), ScriptedModel(add_answer, name="adder"), "train.rounds=1",
+                 "train.serial_max_edits=2")
+    results = {r.arm: r for r in await compare(ws.config, ["serial", "ecdysis"], open_workspace=lambda cfg: ws)}
+    assert results["serial"].optimizer_calls == 2  # one diagnose-and-edit call per failure, capped at 2
+    assert results["ecdysis"].optimizer_calls == 7  # 2 passes x 3 roles + the moderator

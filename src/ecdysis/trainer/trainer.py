@@ -91,16 +91,15 @@ class Trainer:
         return not set(self.ws.env.tool_names) & set(self.ws.env.tool_names if offered is None else offered)
 
     def _role_model(self, role: str) -> MeteredModel:
-        model = self.ws.model(self.cfg.role_model(role), role=role)
+        """This run's client for a role: the workspace's backend and cache, this run's accounting."""
+        shared = self.ws.model(self.cfg.role_model(role), role=role)
 
         def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
             self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
                                    response.usage.completion_tokens, response.latency_s, response.cost_usd,
                                    response.cache_hit)
 
-        if not any(getattr(fn, "__name__", "") == "record" for fn in model.listeners):
-            model.listeners.append(record)
-        return model
+        return MeteredModel(shared.model, cache=shared.cache, role=role, listeners=[*shared.listeners, record])
 
     async def _timed(self, key: str, step: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
