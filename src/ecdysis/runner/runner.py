@@ -100,7 +100,6 @@ class Runner:
     show_progress: bool = True
     max_agent_tokens: int | None = None  # budget across all evaluations of this runner
     tokens_spent: int = 0
-    episodes_run: int = 0
 
     def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
         h = hashlib.sha256()
@@ -154,7 +153,6 @@ class Runner:
                 traj.score, traj.passed = score.value, score.passed
                 traj.score_detail, traj.score_components = score.detail, score.components
                 self.store.record_trajectory(eval_id, traj)
-                self.episodes_run += 1
                 progress.advance(traj)
 
         with progress:

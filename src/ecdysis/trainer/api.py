@@ -15,10 +15,15 @@ from .view import TrainView
 ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
+def config_key(config: Config, suffix: str = "", length: int = 10) -> str:
+    """A stable hash of the config (display settings excluded) plus `suffix`."""
+    text = config.model_dump_json(exclude={"run": {"progress"}}) + suffix
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
 def run_id_for(config: Config, arm: str) -> str:
     """Stable per config and arm, so re-running the same config resumes the same run."""
-    key = config.model_dump_json(exclude={"run": {"progress"}}) + arm
-    return f"train-{arm}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+    return f"train-{arm}-{config_key(config, arm)}"
 
 
 async def train_async(config: Config, arm: str = "ecdysis", console: Console | None = None,

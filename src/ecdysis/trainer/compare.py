@@ -21,7 +21,7 @@ from ..config import Config
 from ..harness.manifest import HarnessVersion, version_from_files
 from ..runner.runner import EvalSummary
 from ..workspace import Workspace
-from .api import train_async
+from .api import config_key, train_async
 
 ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "best-of-k")
 BEST_OF_K_MAX = 8
@@ -101,7 +101,8 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
                         test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id)
         version = ws.store.load_version(result.final_harness_id)
     else:
-        run_id = ws.store.start_run("compare-arm", {"arm": arm, "seed": seed}, run_id=f"{arm}-seed{seed}-{_key(cfg)}")
+        run_id = ws.store.start_run("compare-arm", {"arm": arm, "seed": seed},
+                                    run_id=f"{arm}-seed{seed}-{config_key(cfg, length=8)}")
         version = bare_harness(cfg.env.name) if arm == "direct" else ws.harness()
         if arm == "best-of-k":
             fixed_test = ws.tasks("test", cfg.train.test_limit)
@@ -129,12 +130,6 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
         summary = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), 1, "test", "transfer")
         out.transfer_acc = summary.accuracy
     return out, version
-
-
-def _key(cfg: Config) -> str:
-    import hashlib
-
-    return hashlib.sha256(cfg.model_dump_json(exclude={"run": {"progress"}}).encode()).hexdigest()[:8]
 
 
 def add_ratios(results: list[ArmResult]) -> None:

@@ -36,6 +36,12 @@ class FailureRecord:
     expected: str  # optimizer's eyes only, and only for training tasks
     facts: dict[str, Any]
 
+    def evidence(self) -> dict[str, Any]:
+        """What the optimizer roles see of this failure."""
+        return {"task_id": self.task_id, "last_reply": self.last_replies[-1] if self.last_replies else "",
+                "final_answer": self.final_answer, "expected": self.expected, "detail": self.detail,
+                "facts": self.facts}
+
     @property
     def signature(self) -> str:
         return f"{self.termination}|{','.join(sorted(set(self.rules))) or '-'}|{self.layer}|{self.facts['shape']}"
@@ -232,9 +238,7 @@ def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]]
             "rules": dict(Counter(x for r in bucket for x in r.rules)),
             "failures": len(bucket),
         }
-        evidence = [{"task_id": r.task_id, "last_reply": r.last_replies[-1] if r.last_replies else "",
-                     "final_answer": r.final_answer, "expected": r.expected, "detail": r.detail,
-                     "facts": r.facts} for r in bucket[:max_evidence]]
+        evidence = [r.evidence() for r in bucket[:max_evidence]]
         patterns.append(Pattern(
             id=f"P{index}", name=_name(bucket), signatures=sigs, tasks=tasks, support=len(bucket),
             layer=bucket[0].layer, classification=classification, reason=reason, facts=facts,

@@ -11,22 +11,20 @@ from typing import Any
 
 from ..harness.manifest import HarnessVersion
 from .accept import decide
-from .failures import Pattern, failure_record, suggest_levers
+from .failures import FailureRecord, Pattern, failure_record, suggest_levers
 from .fdcr import SpecWriter
 from .implement import Implementer
 from .spec import HarnessSpec
 from .trainer import Trainer
 
 
-def single_failure_pattern(record: Any) -> Pattern:
+def single_failure_pattern(record: FailureRecord) -> Pattern:
     return Pattern(
         id="P1", name=f"single failure of task {record.task_id}: ended '{record.termination}'",
         signatures=[record.signature], tasks=[record.task_id], support=1, layer=record.layer,
         classification="recurring", reason="serial search treats every failure as its own target",
         facts=record.facts, levers=suggest_levers([record]),
-        evidence=[{"task_id": record.task_id, "last_reply": record.last_replies[-1] if record.last_replies else "",
-                   "final_answer": record.final_answer, "expected": record.expected, "detail": record.detail,
-                   "facts": record.facts}],
+        evidence=[record.evidence()],
     )
 
 
