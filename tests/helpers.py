@@ -11,7 +11,7 @@ from typing import Any
 
 from ecdysis.config import load_config
 from ecdysis.harness.manifest import HarnessVersion, version_from_files
-from ecdysis.models import ChatRequest, GenerationParams, Message, MeteredModel, ScriptedModel
+from ecdysis.models import ChatRequest, GenerationParams, Message, ScriptedModel
 from ecdysis.workspace import Workspace, seed_harness_dir
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
@@ -89,9 +89,9 @@ def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str)
                              f'run.run_dir="{tmp_path / "run"}"', "run.progress=false", "train.rounds=3",
                              "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
     ws = Workspace.open(cfg)
-    ws.models["agent|scripted:agent"] = MeteredModel(agent, cache=ws.cache, role="agent")
+    ws.backends["agent|scripted:agent"] = agent
     for role in ROLES:
-        ws.models[f"{role}|scripted:agent"] = MeteredModel(ScriptedModel(roles, name="roles"), cache=ws.cache, role=role)
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
     return ws
 
 

@@ -52,3 +52,21 @@ async def test_each_arm_accounts_its_own_optimizer_calls(tmp_path: Path) -> None
     results = {r.arm: r for r in await compare(ws.config, ["serial", "ecdysis"], open_workspace=lambda cfg: ws)}
     assert results["serial"].optimizer_calls == 2  # one diagnose-and-edit call per failure, capped at 2
     assert results["ecdysis"].optimizer_calls == 7  # 2 passes x 3 roles + the moderator
+
+
+def _training_agent_hits(store: RunStore, arm: str) -> tuple[int, int]:
+    run = next(r["id"] for r in store.runs() if r["id"].startswith(f"train-{arm}"))
+    trajs = [t for e in store.evaluations(run) if e["label"] == "train" for t in store.trajectories(e["id"])]
+    return sum(t.model_calls for t in trajs), sum(t.cache_hits for t in trajs)
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_arms_pay_for_their_own_training_unless_sharing_is_asked(tmp_path: Path, isolate: bool) -> None:
+    ws = make_ws(tmp_path, Roles(spec=USELESS_SPEC), ScriptedModel(add_answer, name="adder"), "train.rounds=1",
+                 "train.serial_max_edits=1", f"cache.isolate_arms={str(isolate).lower()}")
+    await compare(ws.config, ["serial", "ecdysis"], open_workspace=lambda cfg: ws)
+    store = RunStore(ws.config.run.run_dir)
+    calls, hits = _training_agent_hits(store, "ecdysis")
+    assert calls > 0
+    # ecdysis collects the seed on the same train tasks serial already ran: identical inputs
+    assert hits == (0 if isolate else calls)

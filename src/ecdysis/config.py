@@ -58,6 +58,10 @@ class SandboxSection(BaseModel):
 class CacheSection(BaseModel):
     enabled: bool = True
     path: Path | None = None  # default: ~/.cache/ecdysis/responses.sqlite ($ECDYSIS_CACHE)
+    # Training-phase calls (collect, roles, validation) hit only entries written under this scope;
+    # `ecdysis compare` sets one per arm so every arm pays for its own training. Test runs share.
+    training_scope: str = ""
+    isolate_arms: bool = True  # compare: false shares training calls across arms (cheaper, flatters later arms)
 
 
 class RolesSection(BaseModel):

@@ -10,7 +10,7 @@ from pathlib import Path
 from .config import Config
 from .envs import Environment, Task, get_environment, seeded_order
 from .harness.manifest import HarnessVersion, load_harness
-from .models import MeteredModel, ResponseCache, build_model, default_cache_path
+from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner, SandboxLimits
 from .store import RunStore
 
@@ -27,7 +27,8 @@ def seed_harness_dir(env: str) -> Path:
 class Workspace:
     config: Config
     env: Environment
-    models: dict[str, MeteredModel] = field(default_factory=dict)
+    backends: dict[str, ChatModel] = field(default_factory=dict)  # "role|ref" -> backend
+    models: dict[str, MeteredModel] = field(default_factory=dict)  # "role|ref|scope" -> metered client
 
     @classmethod
     def open(cls, config: Config) -> Workspace:
@@ -45,12 +46,14 @@ class Workspace:
         c = self.config.cache
         return ResponseCache(c.path or default_cache_path()) if c.enabled else None
 
-    def model(self, ref: str, role: str = "agent") -> MeteredModel:
-        """One metered client per (role, reference), sharing the cache."""
-        key = f"{role}|{ref}"
+    def model(self, ref: str, role: str = "agent", cache_scope: str = "") -> MeteredModel:
+        """One metered client per (role, reference, cache scope); backends are shared per process."""
+        key = f"{role}|{ref}|{cache_scope}"
         if key not in self.models:
-            self.models[key] = MeteredModel(build_model(ref, self.config.settings_for(ref)),
-                                            cache=self.cache, role=role)
+            if f"{role}|{ref}" not in self.backends:
+                self.backends[f"{role}|{ref}"] = build_model(ref, self.config.settings_for(ref))
+            self.models[key] = MeteredModel(self.backends[f"{role}|{ref}"], cache=self.cache, role=role,
+                                            scope=cache_scope)
         return self.models[key]
 
     def harness(self) -> HarnessVersion:
@@ -61,10 +64,11 @@ class Workspace:
         ordered = seeded_order(self.env.tasks(split), self.config.run.seed)
         return ordered[:limit] if limit else ordered
 
-    def runner(self, run_id: str, model_ref: str | None = None) -> Runner:
+    def runner(self, run_id: str, model_ref: str | None = None, cache_scope: str = "") -> Runner:
         s = self.config.sandbox
         return Runner(
-            store=self.store, run_id=run_id, model=self.model(model_ref or self.config.agent.model),
+            store=self.store, run_id=run_id,
+            model=self.model(model_ref or self.config.agent.model, cache_scope=cache_scope),
             env=self.env, env_name=self.config.env.name, env_options=self.config.env.options,
             limits=SandboxLimits(timeout_s=s.timeout_s, memory_mb=s.memory_mb, cpu_s=s.cpu_s, file_mb=s.file_mb),
             concurrency=self.config.run.concurrency, show_progress=self.config.run.progress,

@@ -223,6 +223,9 @@ def compare(
     json_path, csv_path = write_results(results, cfg.run.run_dir)
     views.compare_table(console, results)
     console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path} and {csv_path}[/]")
+    if not cfg.cache.isolate_arms:
+        console.print("[yellow]cache.isolate_arms = false: later arms reused earlier arms' identical training calls, "
+                      "so their training wall times are flattered; compare agent executions instead.[/]")
 
 
 @runs_app.command("list")

@@ -90,6 +90,7 @@ class MeteredModel:
     model: ChatModel
     cache: ResponseCache | None = None
     role: str = "agent"
+    scope: str = ""  # a non-empty scope reads and writes only cache entries of that scope
     stats: CallStats = field(default_factory=CallStats)
     listeners: list[CallListener] = field(default_factory=list)
     _inflight: dict[str, asyncio.Future[ChatResponse]] = field(default_factory=dict)
@@ -99,7 +100,7 @@ class MeteredModel:
         return self.model.identity
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
-        key = cache_key(self.model.identity, request)
+        key = cache_key(f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity, request)
         response = self.cache.get(key) if self.cache else None
         if response is not None:
             response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0})

@@ -21,7 +21,7 @@ from ..config import Config
 from ..harness.manifest import HarnessVersion, version_from_files
 from ..runner.runner import EvalSummary
 from ..workspace import Workspace
-from .api import config_key, train_async
+from .api import ARMS_WITH_TRAINER, config_key, train_async
 
 ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "best-of-k")
 BEST_OF_K_MAX = 8
@@ -89,8 +89,15 @@ async def _evaluate_fixed(ws: Workspace, version: HarnessVersion, run_id: str) -
 async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None = None,
                   transfer_model: str | None = None) -> tuple[ArmResult, HarnessVersion]:
     cfg = ws.config
-    if arm in ("ecdysis", "aggregate", "serial"):
-        result = await train_async(cfg, arm, ws=ws)
+    if arm in ARMS_WITH_TRAINER:
+        arm_cfg = cfg.model_copy(deep=True)
+        if cfg.cache.isolate_arms:
+            arm_cfg.cache.training_scope = f"{arm}/seed{seed}"
+        ws.config = arm_cfg
+        try:
+            result = await train_async(arm_cfg, arm, ws=ws)
+        finally:
+            ws.config = cfg
         decisions = [r for r in result.rounds if "candidate" in r or r.get("edits")]
         edits = [e for r in result.rounds for e in r.get("edits", []) if e.get("attempted", True)] or decisions
         accepted = sum(1 for e in edits if e.get("accepted"))

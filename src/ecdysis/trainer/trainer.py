@@ -70,7 +70,8 @@ class Trainer:
         self.ws, self.cfg, self.run_id, self.arm = ws, ws.config, run_id, arm
         self.store = ws.store
         self.view = view or TrainView(enabled=False)
-        self.runner: Runner = ws.runner(run_id)
+        self.runner: Runner = ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
+        self.test_runner: Runner = ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
 
@@ -92,14 +93,15 @@ class Trainer:
 
     def _role_model(self, role: str) -> MeteredModel:
         """This run's client for a role: the workspace's backend and cache, this run's accounting."""
-        shared = self.ws.model(self.cfg.role_model(role), role=role)
+        shared = self.ws.model(self.cfg.role_model(role), role=role, cache_scope=self.cfg.cache.training_scope)
 
         def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
             self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
                                    response.usage.completion_tokens, response.latency_s, response.cost_usd,
                                    response.cache_hit)
 
-        return MeteredModel(shared.model, cache=shared.cache, role=role, listeners=[*shared.listeners, record])
+        return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
+                            listeners=[*shared.listeners, record])
 
     async def _timed(self, key: str, step: Callable[[], Awaitable[T]]) -> T:
         start = time.perf_counter()
@@ -192,7 +194,7 @@ class Trainer:
         trials = self.cfg.eval.trials
 
         async def test(version: HarnessVersion) -> dict[str, Any]:
-            return (await self.runner.evaluate(version, test_tasks, trials, "test", "test")).to_dict()
+            return (await self.test_runner.evaluate(version, test_tasks, trials, "test", "test")).to_dict()
 
         before = await self._timed("test/seed", lambda: test(seed)) if test_seed else None
         after = await self._timed("test/final", lambda: test(final))
