@@ -98,3 +98,18 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path, data_dir: Path) -> None:
     out = ecdysis("chat", "http://127.0.0.1:9/v1::m", "hi", cwd=tmp_path)
     assert out.returncode == 2 and "cannot reach" in out.stdout
     assert json.loads(json.dumps({"ok": True}))
+
+
+def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data_dir: Path) -> None:
+    assert ecdysis("init", "proj", "--env", "gsm8k", cwd=tmp_path).returncode == 0
+    sets = ['agent.model="scripted:Answer: 18"', "train.train_limit=3", "train.test_limit=3", "train.rounds=1",
+            f'cache.path="{tmp_path / "cache.sqlite"}"', f'run.run_dir="{tmp_path / "cmp"}"']
+    out = ecdysis("compare", "proj/ecdysis.toml", "--arms", "fixed,serial,ecdysis", "--data-dir", str(data_dir),
+                  *[arg for s in sets for arg in ("--set", s)], cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    header = next(line for line in out.stdout.splitlines() if "measure" in line)
+    assert all(f"{arm} s0" in header for arm in ("fixed", "serial", "ecdysis"))
+    assert "speed-up vs serial" in out.stdout and "test acc - fixed" in out.stdout
+    rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert [r["arm"] for r in rows] == ["fixed", "serial", "ecdysis"]
+    assert (tmp_path / "cmp" / "compare.csv").read_text().count("\n") == 4

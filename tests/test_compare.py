@@ -3,12 +3,13 @@ caps hold; ratios come from the recorded numbers."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from helpers import Roles, add_answer, make_ws
 
-from ecdysis.models import ScriptedModel
+from ecdysis.models import Message, ScriptedModel
 from ecdysis.store import RunStore
 from ecdysis.trainer.compare import ARMS, compare, write_results
 
@@ -35,6 +36,7 @@ async def test_every_arm_runs_with_caps_and_ratios(tmp_path: Path) -> None:
     assert e.speedup_vs_serial == pytest.approx(s.train_wall_s / e.train_wall_s)
     assert e.executions_ratio_vs_serial == pytest.approx(s.agent_executions / e.agent_executions)
     assert by_arm["direct"].test_gain_vs_fixed is None  # fixed scored 0: no ratio to report
+    assert by_arm["ecdysis"].test_delta_vs_fixed == pytest.approx(e.test_acc - by_arm["fixed"].test_acc)
     assert 1 <= by_arm["best-of-k"].k <= 8
     json_path, csv_path = write_results(results, tmp_path / "out")
     assert csv_path.read_text().count("\n") == len(ARMS) + 1 and json_path.exists()
@@ -70,3 +72,21 @@ async def test_arms_pay_for_their_own_training_unless_sharing_is_asked(tmp_path:
     assert calls > 0
     # ecdysis collects the seed on the same train tasks serial already ran: identical inputs
     assert hits == (0 if isolate else calls)
+
+
+def answer_line(messages: list[Message]) -> str:
+    a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
+    return f"Answer: {a + b}"
+
+
+async def test_transfer_evaluates_every_frozen_harness_with_the_second_model(tmp_path: Path) -> None:
+    ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"), "train.rounds=1")
+    ws.backends["agent|scripted:transfer"] = ScriptedModel(answer_line, name="liner")
+    results = {r.arm: r for r in await compare(ws.config, ["fixed", "ecdysis"], transfer_model="scripted:transfer",
+                                                open_workspace=lambda cfg: ws)}
+    assert results["fixed"].test_acc == 0.0 and results["fixed"].transfer_acc == 1.0
+    assert results["ecdysis"].test_acc == 1.0 and results["ecdysis"].transfer_acc == 1.0
+    store = RunStore(ws.config.run.run_dir)
+    transfer_evals = store.evaluations("transfer-fixed-seed0")
+    assert [e["model"] for e in transfer_evals] == [ScriptedModel(answer_line, name="liner").identity]
+    assert transfer_evals[0]["n_tasks"] == ws.config.train.test_limit

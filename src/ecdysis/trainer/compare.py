@@ -48,7 +48,8 @@ class ArmResult:
     transfer_acc: float | None = None
     speedup_vs_serial: float | None = None
     executions_ratio_vs_serial: float | None = None
-    test_gain_vs_fixed: float | None = None
+    test_gain_vs_fixed: float | None = None  # relative: test / fixed test - 1
+    test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
     test_gain_vs_serial: float | None = None
 
 
@@ -147,6 +148,8 @@ def add_ratios(results: list[ArmResult]) -> None:
         if serial and r.train_wall_s > 0 and r.arm not in ("fixed", "direct", "best-of-k"):
             r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
             r.executions_ratio_vs_serial = serial.agent_executions / max(r.agent_executions, 1)
+        if fixed:
+            r.test_delta_vs_fixed = r.test_acc - fixed.test_acc
         if fixed and fixed.test_acc > 0:
             r.test_gain_vs_fixed = r.test_acc / fixed.test_acc - 1
         if serial and serial.test_acc > 0:

@@ -45,7 +45,8 @@ class SerialTrainer(Trainer):
             return record | {"stop": "no failures left", "reason": "no failures"}
         per_task, base = summary.per_task, current
         for i, task_id in enumerate(failed):
-            if self.store.count_records(self.run_id, "serial-edit") >= self.cfg.train.serial_max_edits:
+            attempted = [d for _, d in self.store.records(self.run_id, "serial-edit") if d.get("attempted", True)]
+            if len(attempted) >= self.cfg.train.serial_max_edits:  # a skipped task (now passing) costs nothing
                 break
             edit_key = f"{key}/f{i}"
             done = self.store.get_record(self.run_id, "serial-edit", edit_key)
