@@ -11,7 +11,7 @@ from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
-from ecdysis.models import MeteredModel, ScriptedModel
+from ecdysis.models import Message, MeteredModel, ScriptedModel
 from ecdysis.runner import SandboxLimits
 from ecdysis.trainer import train_async
 from ecdysis.trainer.accept import decide
@@ -185,3 +185,28 @@ def test_skills_whose_trigger_matches_no_training_task_are_dropped() -> None:
     files, notes = apply_structured(seed_with("gsm8k"), spec, [], tasks)
     assert [s["id"] for s in json.loads(files["skills.json"])] == ["count"]
     assert any("junk dropped" in n for n in notes)
+
+
+HURTFUL_RULE = {"layer": "H3", "kind": "add_rule", "file": "", "text": "Always add one to the result.",
+                "repair": "", "value": 0, "rationale": "noise from the debate"}
+
+
+def confused_by_the_rule(messages: list[Message]) -> str:
+    if any("add one to the result" in m.content for m in messages):
+        return "Adding them, plus one.\nThe result is \\boxed{999}"
+    return add_answer(messages)
+
+
+@pytest.mark.parametrize("arm", ["ecdysis", "serial"])
+async def test_repairs_bundled_with_a_harmful_prompt_edit_are_validated_alone(tmp_path: Path, arm: str) -> None:
+    spec = {**BOXED_SPEC, "changes": [*BOXED_SPEC["changes"], HURTFUL_RULE]}
+    ws = make_ws(tmp_path, Roles(spec=spec), ScriptedModel(confused_by_the_rule, name="confusable"),
+                 "train.rounds=1", "train.serial_max_edits=1")
+    result = await train_async(ws.config, arm, ws=ws)
+    assert result.test_after["accuracy"] == 1.0  # the whole spec scores 0 on train; the repair alone 1
+    final = ws.store.load_version(result.final_harness_id)
+    assert json.loads(final.files["repairs.json"]) == ["boxed_answer"]
+    assert "add one to the result" not in final.files["contract.md"]
+    decision = ws.store.get_record(result.run_id, "decision", "r1")
+    variant = decision["variant"] if arm == "ecdysis" else decision["edits"][0]["variant"]
+    assert variant == "repairs only" and decision["accepted"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..harness.manifest import HarnessVersion
-from .accept import decide
 from .failures import FailureRecord, Pattern, failure_record, suggest_levers
 from .fdcr import SpecWriter
 from .implement import Implementer
@@ -83,8 +82,8 @@ class SerialTrainer(Trainer):
         if candidate.version is None:
             return {"task": task_id, "accepted": False, "reason": candidate.error}
         self.store.save_version(candidate.version, parent=current.id, note=f"serial {key}")
-        validation = await self._evaluate(candidate.version, f"{key}/validate")
-        decision = decide(self.cfg.train.acceptance, per_task, validation.per_task, self.cfg.train.tolerance)
-        self.view.decision(decision.accepted, f"serial edit for {task_id}: {decision.reason}")
-        return {"task": task_id, "accepted": decision.accepted, "reason": decision.reason,
-                "harness": candidate.version.id, "per_task": validation.per_task}
+        chosen, validation, decision, variant = await self._validate(
+            key, current, spec, candidate.version, per_task, implementer, latest or trajectories)
+        self.view.decision(decision.accepted, f"serial edit for {task_id} ({variant}): {decision.reason}")
+        return {"task": task_id, "accepted": decision.accepted, "reason": decision.reason, "variant": variant,
+                "harness": chosen.id, "per_task": validation.per_task}

@@ -46,6 +46,16 @@ class HarnessSpec(BaseModel):
         )
 
 
+    def deterministic_part(self) -> HarnessSpec | None:
+        """The enabled H2 repairs alone, when the spec bundles them with prompt edits; else None.
+
+        That part leaves every prompt unchanged, so its validation is served by the response cache."""
+        repairs = [c for c in self.changes if c.kind == "enable_repair"]
+        if not repairs or (len(repairs) == len(self.changes) and not self.skills):
+            return None
+        return self.model_copy(update={"changes": repairs, "skills": []})
+
+
 class SpecError(ValueError):
     pass
 

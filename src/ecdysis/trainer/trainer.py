@@ -20,7 +20,7 @@ from ..models.base import ChatRequest, ChatResponse
 from ..models.cache import MeteredModel
 from ..runner.runner import EvalSummary, Runner
 from ..workspace import Workspace
-from .accept import decide
+from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
 from .fdcr import DEBATE_ROLES, SpecWriter
 from .implement import Implementer
@@ -157,14 +157,36 @@ class Trainer:
         if candidate.version is None:
             return record | {"reason": f"no candidate passed the checks: {candidate.error}"}
         self.store.save_version(candidate.version, parent=current.id, note=f"{self.arm} {key}")
-        validation = await self._evaluate(candidate.version, f"{key}/validate")
-        decision = decide(self.cfg.train.acceptance, summary.per_task, validation.per_task, self.cfg.train.tolerance)
-        self.view.decision(decision.accepted, decision.reason)
-        record |= {"candidate": candidate.version.id, "candidate_score": validation.accuracy,
+        chosen, validation, decision, variant = await self._validate(
+            key, current, spec, candidate.version, summary.per_task, implementer, trajectories)
+        self.view.decision(decision.accepted, f"{variant}: {decision.reason}")
+        record |= {"candidate": chosen.id, "candidate_score": validation.accuracy, "variant": variant,
                    "accepted": decision.accepted, "reason": decision.reason}
         if decision.accepted:
-            record["harness_after"] = candidate.version.id
+            record["harness_after"] = chosen.id
         return record
+
+    async def _validate(self, key: str, current: HarnessVersion, spec: HarnessSpec, candidate: HarnessVersion,
+                        base: dict[str, list[float]], implementer: Implementer,
+                        trajectories: list[Trajectory]) -> tuple[HarnessVersion, EvalSummary, Decision, str]:
+        """Validate the candidate on the training split and decide by the acceptance rule.
+
+        When the spec bundles H2 repairs with prompt edits and the cache is on, the repairs alone are
+        validated too (their model calls are cache hits) and the better of the two is decided on, so a
+        noisy prompt edit cannot drag a good repair down with it. Returns (chosen, its summary, decision,
+        which variant)."""
+        validation = await self._evaluate(candidate, f"{key}/validate")
+        chosen, variant = (candidate, validation), "whole spec"
+        part = spec.deterministic_part()
+        if part is not None and self.ws.cache is not None:
+            sub = await implementer.build(current, part, trajectories, single_turn=self.single_turn(current))
+            if sub.version is not None and sub.version.id != candidate.id:
+                self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} repairs only")
+                sub_validation = await self._evaluate(sub.version, f"{key}/validate-repairs")
+                if sub_validation.accuracy >= validation.accuracy:
+                    chosen, variant = (sub.version, sub_validation), "repairs only"
+        decision = decide(self.cfg.train.acceptance, base, chosen[1].per_task, self.cfg.train.tolerance)
+        return chosen[0], chosen[1], decision, variant
 
     async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[dict[str, Any]], str]:
         """Run up to R rounds; returns (final harness, round records, stop reason)."""
