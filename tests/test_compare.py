@@ -90,3 +90,20 @@ async def test_transfer_evaluates_every_frozen_harness_with_the_second_model(tmp
     transfer_evals = store.evaluations("transfer-fixed-seed0")
     assert [e["model"] for e in transfer_evals] == [ScriptedModel(answer_line, name="liner").identity]
     assert transfer_evals[0]["n_tasks"] == ws.config.train.test_limit
+
+
+async def test_serial_shows_a_failure_what_was_tried_for_it_before(tmp_path: Path) -> None:
+    roles = Roles(spec=USELESS_SPEC)
+    prompts: list[str] = []
+
+    def spy(messages: list[Message]) -> str:
+        prompts.append(messages[-1].content)
+        return roles(messages)
+
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), "train.rounds=2", "train.serial_max_edits=7")
+    for role in ("analyst", "moderator"):
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(spy, name="roles")
+    await compare(ws.config, ["serial"], open_workspace=lambda cfg: ws)
+    assert len(prompts) == 7  # six failures in round 1, then the first again in round 2
+    assert "(first attempt)" in prompts[0] and "(first attempt)" not in prompts[6]
+    assert "r1/f0: add_rule Be careful with arithmetic. -> rejected" in prompts[6]

@@ -71,19 +71,28 @@ class SerialTrainer(Trainer):
             return {"task": task_id, "accepted": False, "attempted": False, "reason": "passes with the current harness"}
         pattern = single_failure_pattern(failure_record(failing[0], gold[task_id]))
         writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
-        outcome = await self._timed(f"{key}/spec", lambda: writer.write(key, current, [pattern], 0, debate=False))
+        outcome = await self._timed(f"{key}/spec", lambda: writer.write(
+            key, current, [pattern], 0, debate=False, earlier=self.earlier_edits(task_id)))
         if outcome.spec is None:
             return {"task": task_id, "accepted": False, "reason": outcome.error}
+        tried = "; ".join(f"{c.kind} {c.repair or c.text[:80]}" for c in outcome.spec.changes)
         implementer = Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
                                   self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
         spec = HarnessSpec.model_validate(outcome.spec.model_dump())
         candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
             current, spec, latest or trajectories, single_turn))
         if candidate.version is None:
-            return {"task": task_id, "accepted": False, "reason": candidate.error}
+            return {"task": task_id, "accepted": False, "reason": candidate.error, "tried": tried}
         self.store.save_version(candidate.version, parent=current.id, note=f"serial {key}")
         chosen, validation, decision, variant = await self._validate(
             key, current, spec, candidate.version, per_task, implementer, latest or trajectories)
         self.view.decision(decision.accepted, f"serial edit for {task_id} ({variant}): {decision.reason}")
         return {"task": task_id, "accepted": decision.accepted, "reason": decision.reason, "variant": variant,
-                "harness": chosen.id, "per_task": validation.per_task}
+                "harness": chosen.id, "per_task": validation.per_task, "tried": tried}
+
+    def earlier_edits(self, task_id: str) -> str:
+        """What earlier rounds tried for this failure and how it ended (like the trainer's `earlier`)."""
+        return "\n".join(f"{key}: {d.get('tried') or 'no valid spec'} -> "
+                         f"{'accepted' if d['accepted'] else 'rejected'} ({d.get('reason', '')[:200]})"
+                         for key, d in self.store.records(self.run_id, "serial-edit")
+                         if d.get("task") == task_id and d.get("attempted", True))
