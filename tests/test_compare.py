@@ -72,6 +72,11 @@ async def test_arms_pay_for_their_own_training_unless_sharing_is_asked(tmp_path:
     assert calls > 0
     # ecdysis collects the seed on the same train tasks serial already ran: identical inputs
     assert hits == (0 if isolate else calls)
+    if isolate:  # the same compare under another config (here: run dir) pays for its training again
+        again = make_ws(tmp_path, Roles(spec=USELESS_SPEC), ScriptedModel(add_answer, name="adder"),
+                        "train.rounds=1", "train.serial_max_edits=1", f'run.run_dir="{tmp_path / "again"}"')
+        await compare(again.config, ["ecdysis"], open_workspace=lambda cfg: again)
+        assert _training_agent_hits(RunStore(tmp_path / "again"), "ecdysis") == (calls, 0)
 
 
 def answer_line(messages: list[Message]) -> str:

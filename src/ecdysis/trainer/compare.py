@@ -93,7 +93,9 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
     if arm in ARMS_WITH_TRAINER:
         arm_cfg = cfg.model_copy(deep=True)
         if cfg.cache.isolate_arms:
-            arm_cfg.cache.training_scope = f"{arm}/seed{seed}"
+            # per arm, seed and config: a rerun of the same compare resumes from its own cache entries,
+            # another config (or code that changed the prompts) pays for its training again
+            arm_cfg.cache.training_scope = f"{arm}/seed{seed}/{config_key(cfg, length=8)}"
         ws.config = arm_cfg
         try:
             result = await train_async(arm_cfg, arm, ws=ws)
