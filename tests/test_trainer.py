@@ -16,7 +16,7 @@ from ecdysis.runner import SandboxLimits
 from ecdysis.trainer import train_async
 from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
-from ecdysis.trainer.failures import aggregate, failure_record
+from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
@@ -210,3 +210,14 @@ async def test_repairs_bundled_with_a_harmful_prompt_edit_are_validated_alone(tm
     decision = ws.store.get_record(result.run_id, "decision", "r1")
     variant = decision["variant"] if arm == "ecdysis" else decision["edits"][0]["variant"]
     assert variant == "repairs only" and decision["accepted"]
+
+
+def test_wrong_but_parsed_answers_get_no_format_repair_suggested() -> None:
+    """DBBench run: 6 wrong answers, 2 of them after a no-action rejection; a parsing repair cannot help."""
+    records = [failure_record(traj(f"t{i}", "Final Answer: 7", termination="answered"), 9) for i in range(4)]
+    records.append(failure_record(traj("t8", "Final Answer: 7", rule="no-action"), 9))
+    levers = suggest_levers(records)
+    assert not any("final_answer_anywhere" in lever for lever in levers)
+    assert any("parsed but is wrong" in lever for lever in levers)
+    rejected = [failure_record(traj(f"r{i}", "Final Answer: 7", rule="no-action"), 7) for i in range(3)]
+    assert any("final_answer_anywhere" in lever for lever in suggest_levers(rejected))

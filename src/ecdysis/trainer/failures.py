@@ -168,7 +168,7 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
         levers.append("repair:boxed_answer (H2 accepts \\boxed{...}) and/or an H3 rule + demo for the required format")
     if unparsed and majority(shapes["answer_phrase"]):
         levers.append("repair:answer_phrase (H2 accepts 'the answer is N')")
-    if majority(shapes["final_answer"]) and any(r.rules for r in records):
+    if majority(shapes["final_answer"]) and majority(sum(bool(r.rules) for r in records)):
         levers.append("repair:final_answer_anywhere (H2 accepts 'Final Answer:' without the header)")
     if majority(shapes["bare_sql"]):
         levers.append("repair:bare_sql (H2 runs SQL given without 'Action: Operation')")
