@@ -75,7 +75,7 @@ class SerialTrainer(Trainer):
             key, current, [pattern], 0, debate=False, earlier=self.earlier_edits(task_id)))
         if outcome.spec is None:
             return {"task": task_id, "accepted": False, "reason": outcome.error}
-        tried = "; ".join(f"{c.kind} {c.repair or c.text[:80]}" for c in outcome.spec.changes)
+        tried = outcome.spec.summary()
         implementer = Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
                                   self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
         spec = HarnessSpec.model_validate(outcome.spec.model_dump())

@@ -45,6 +45,9 @@ class HarnessSpec(BaseModel):
             c.kind == "enable_repair" or (c.kind == "edit_code" and c.file == "action.py") for c in self.changes
         )
 
+    def summary(self) -> str:
+        """One line naming each change, for prompts that show what earlier attempts tried."""
+        return "; ".join(f"{c.kind} {c.repair or c.text[:80]}" for c in self.changes)
 
     def deterministic_part(self) -> HarnessSpec | None:
         """The enabled H2 repairs alone, when the spec bundles them with prompt edits; else None.

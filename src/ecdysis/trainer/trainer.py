@@ -81,7 +81,7 @@ class Trainer:
         for k in range(1, r):
             decision = self.store.get_record(self.run_id, "decision", f"r{k}") or {}
             spec = (self.store.get_record(self.run_id, "spec", f"r{k}") or {}).get("spec")
-            changes = "; ".join(f"{c['kind']} {c['repair'] or c['text'][:80]}" for c in (spec or {}).get("changes", []))
+            changes = HarnessSpec.model_validate(spec).summary() if spec else ""
             verdict = "accepted" if decision.get("accepted") else "rejected"
             lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({decision.get('reason', '')[:200]})")
         return "\n".join(lines)
