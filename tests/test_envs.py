@@ -21,7 +21,7 @@ def test_gsm8k_ids_are_stable_and_splits_disjoint(data_dir: Path) -> None:
     again = get_environment("gsm8k", data_dir=data_dir).tasks("test")
     assert [t.id for t in seeded_order(test, 0)[:5]] == [t.id for t in seeded_order(again, 0)[:5]]
     assert [t.id for t in seeded_order(test, 0)[:5]] != [t.id for t in seeded_order(test, 1)[:5]]
-    assert set(test[0].public_view()) == {"id", "prompt", "public"}  # the gold answer stays in the host
+    assert set(test[0].public_view()) == {"id", "prompt", "public", "conversational"}  # gold stays in the host
 
 
 def test_gsm8k_grading(data_dir: Path) -> None:
@@ -105,5 +105,5 @@ def test_jsonl_suite_with_user_grader(tmp_path: Path) -> None:
 
 
 def test_unknown_environment() -> None:
-    with pytest.raises(UnknownEnvironmentError, match="known: gsm8k, dbbench, jsonl"):
+    with pytest.raises(UnknownEnvironmentError, match="built-in name .gsm8k, dbbench, jsonl"):
         get_environment("webshop")

@@ -31,10 +31,20 @@ class RunSection(BaseModel):
 
 
 class EnvSection(BaseModel):
-    name: str = "gsm8k"
+    name: str = "gsm8k"  # a built-in name, an entry point, or "package.module:factory"
     data_dir: Path | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     val_fraction: float = 0.2
+    plugin_path: list[Path] = Field(default_factory=list)  # folders to import env plugins from (+ config folder, cwd)
+
+
+class UserSection(BaseModel):
+    """The simulated user of conversation tasks (e.g. tau2-*). Its calls are accounted as role `user`."""
+
+    model: str = ""  # empty means the agent's model
+    max_turns: int = 10
+    temperature: float = 0.0
+    max_tokens: int = 200
 
 
 class AgentSection(BaseModel):
@@ -96,6 +106,7 @@ class Config(BaseModel):
     run: RunSection = Field(default_factory=RunSection)
     env: EnvSection = Field(default_factory=EnvSection)
     agent: AgentSection = Field(default_factory=AgentSection)
+    user: UserSection = Field(default_factory=UserSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     sandbox: SandboxSection = Field(default_factory=SandboxSection)
     cache: CacheSection = Field(default_factory=CacheSection)
@@ -107,6 +118,8 @@ class Config(BaseModel):
         return self.model_settings.get(ref, ModelSettings())
 
     def role_model(self, role: str) -> str:
+        if role == "user":
+            return self.user.model or self.agent.model
         return getattr(self.roles, role) or self.agent.model
 
 
@@ -151,6 +164,8 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
             value = data.get(section, {}).get(key)
             if isinstance(value, str) and not Path(value).is_absolute():
                 data[section][key] = str(base / value)
+        env = data.setdefault("env", {})
+        env["plugin_path"] = [str(base / p) for p in env.get("plugin_path", [])] + [str(base)]
     apply_overrides(data, overrides or [])
     try:
         return Config.model_validate(data)

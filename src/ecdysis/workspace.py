@@ -8,18 +8,24 @@ from importlib import resources
 from pathlib import Path
 
 from .config import Config
-from .envs import Environment, Task, get_environment, seeded_order
+from .envs import Environment, Task, get_environment, plugin_root, seeded_order
 from .harness.manifest import HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner, SandboxLimits
 from .store import RunStore
 
 
+def plugin_search(config: Config) -> list[Path]:
+    """Where environment plugins are imported from: configured folders, the config's folder, the cwd."""
+    return [*config.env.plugin_path, Path.cwd()]
+
+
 def seed_harness_dir(env: str) -> Path:
     """The built-in seed harness for an environment (shipped as package data)."""
     path = Path(str(resources.files("ecdysis.harness") / "seeds" / env))
     if not path.is_dir():
-        raise FileNotFoundError(f"no built-in seed harness for environment {env!r}")
+        raise FileNotFoundError(f"no built-in seed harness for environment {env!r}; "
+                                f"write one with `ecdysis init DIR --env {env}`")
     return path
 
 
@@ -33,7 +39,7 @@ class Workspace:
     @classmethod
     def open(cls, config: Config) -> Workspace:
         env = get_environment(config.env.name, data_dir=config.env.data_dir, seed=config.run.seed,
-                              **config.env.options)
+                              search=plugin_search(config), **config.env.options)
         return cls(config=config, env=env)
 
     @cached_property
@@ -51,7 +57,9 @@ class Workspace:
         key = f"{role}|{ref}|{cache_scope}"
         if key not in self.models:
             if f"{role}|{ref}" not in self.backends:
-                self.backends[f"{role}|{ref}"] = build_model(ref, self.config.settings_for(ref))
+                # the simulated user gets its own local context, so agent and user do not evict each other's KV
+                self.backends[f"{role}|{ref}"] = build_model(ref, self.config.settings_for(ref),
+                                                             instance="user" if role == "user" else "")
             self.models[key] = MeteredModel(self.backends[f"{role}|{ref}"], cache=self.cache, role=role,
                                             scope=cache_scope)
         return self.models[key]
@@ -65,7 +73,8 @@ class Workspace:
         return ordered[:limit] if limit else ordered
 
     def runner(self, run_id: str, model_ref: str | None = None, cache_scope: str = "") -> Runner:
-        s = self.config.sandbox
+        s, u = self.config.sandbox, self.config.user
+        plugin = plugin_root(self.config.env.name, plugin_search(self.config))
         return Runner(
             store=self.store, run_id=run_id,
             model=self.model(model_ref or self.config.agent.model, cache_scope=cache_scope),
@@ -73,6 +82,10 @@ class Workspace:
             limits=SandboxLimits(timeout_s=s.timeout_s, memory_mb=s.memory_mb, cpu_s=s.cpu_s, file_mb=s.file_mb),
             concurrency=self.config.run.concurrency, show_progress=self.config.run.progress,
             max_agent_tokens=self.config.run.max_agent_tokens,
+            user_model=(self.model(self.config.role_model("user"), role="user", cache_scope=cache_scope)
+                        if getattr(self.env, "conversational", False) else None),
+            user_settings={"max_turns": u.max_turns, "temperature": u.temperature, "max_tokens": u.max_tokens},
+            plugin_paths=[plugin] if plugin else [],
         )
 
     def close(self) -> None:

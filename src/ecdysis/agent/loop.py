@@ -8,6 +8,7 @@ records them as a crashed trajectory.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,13 +16,17 @@ from types import ModuleType
 from typing import Any
 
 from ..envs.base import Episode
-from ..harness.api import Action, ActionContext, Reject, StepState, ToolSpec, Verdict
+from ..harness.api import Action, ActionContext, Reject, Reply, StepState, ToolCall, ToolSpec, Verdict
 from ..harness.manifest import HarnessVersion
-from ..harness.repairs import REPAIRS_FILE, Repair, parse_repairs, try_repairs
+from ..harness.repairs import REPAIRS_FILE, parse_repairs
 from ..harness.skills import parse_demos, parse_skills, retrieve
+from ..harness.tool_calls import native_realize, openai_tools, validate
+from .realize import RealizeFn, realize_message
 from .trajectory import Trajectory
 
-ChatFn = Callable[[list[dict[str, str]], dict[str, Any]], dict[str, Any]]
+ChatFn = Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
+UserFn = Callable[[list[dict[str, str]]], dict[str, Any]]  # conversation -> {"text", "stop"} | {"error"}
+GREETING = "Hi! How can I help you today?"
 
 
 class ModelFailure(RuntimeError):
@@ -39,7 +44,11 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def render_tools(tools: tuple[ToolSpec, ...]) -> str:
-    return "\n".join(f"- {t.name}: {t.description}" for t in tools) or "(no tools: answer directly)"
+    lines = []
+    for t in tools:
+        args = ", ".join((t.parameters or {}).get("properties", {})) if t.parameters is not None else ""
+        lines.append(f"- {t.name}({args}): {t.description}" if t.parameters is not None else f"- {t.name}: {t.description}")
+    return "\n".join(lines) or "(no tools: answer directly)"
 
 
 def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...],
@@ -66,25 +75,35 @@ class AgentSession:
         self.tools = tools
         self.turn = 0
 
-    def chat(self, messages: list[dict[str, str]], **params: Any) -> str:
+    def chat(self, messages: list[dict[str, Any]], **params: Any) -> Reply:
         merged = {**self.params, **params}
         result = self._chat(messages, merged)
         if "error" in result:
             raise ModelFailure(result["error"])
+        calls = result.get("tool_calls") or []
         usage = result.get("usage", {})
         self.traj.model_calls += 1
         self.traj.cache_hits += int(bool(result.get("cache_hit")))
         self.traj.model_time_s += float(result.get("latency_s", 0.0))
         self.traj.prompt_tokens += int(usage.get("prompt_tokens", 0))
         self.traj.completion_tokens += int(usage.get("completion_tokens", 0))
-        self.traj.add("model", self.turn, messages=messages, reply=result["text"],
+        self.traj.add("model", self.turn, messages=messages, reply=result["text"], tool_calls=calls,
                       finish_reason=result.get("finish_reason", ""), usage=usage,
                       latency_s=result.get("latency_s", 0.0), cache_hit=bool(result.get("cache_hit")))
-        return result["text"]
+        return Reply(result["text"], tuple(ToolCall(c.get("id", ""), c["name"], c.get("arguments", "{}"))
+                                           for c in calls))
 
     def step(self, action: Action) -> str:
-        self.traj.add("action", self.turn, tool=action.tool, input=action.input)
-        observation = self.episode.step(action)
+        """Validate the call against its schema, then run it; a violation is the call's (recorded) result."""
+        self.traj.add("action", self.turn, tool=action.tool, input=action.input, arguments=action.arguments)
+        problem = validate(action, self.tools)
+        if problem is not None:
+            kind, observation = problem
+            self.traj.add("tool_error", self.turn, tool=action.tool, kind=kind, text=observation)
+        else:
+            observation = self.episode.step(action)
+            if observation.startswith("Error"):
+                self.traj.add("tool_error", self.turn, tool=action.tool, kind="tool_error", text=observation[:300])
         self.traj.add("observation", self.turn, text=observation)
         return observation
 
@@ -92,7 +111,7 @@ class AgentSession:
         self.traj.add(kind, self.turn, **data)
 
 
-def _default_realize(reply: str, ctx: ActionContext) -> Action | Reject:
+def _text_realize(reply: Reply, ctx: ActionContext) -> Action | Reject:
     return Action("answer", reply.strip())
 
 
@@ -100,31 +119,45 @@ def _default_regulate(state: StepState) -> Verdict:
     return Verdict()
 
 
-def realize_reply(realize: Callable[[str, ActionContext], Action | Reject], repairs: list[Repair],
-                  reply: str, ctx: ActionContext) -> tuple[Action | Reject, str | None]:
-    """H2 on one reply: the harness's realize, then enabled repairs if it rejected. (result, repair)"""
-    result = realize(reply, ctx)
-    if isinstance(result, Reject) and repairs:
-        repaired = try_repairs(repairs, reply, ctx.tools)
-        if repaired is not None:
-            return repaired
-    return result, None
-
-
-def load_realize(harness: HarnessVersion, harness_dir: Path) -> Callable[[str, ActionContext], Action | Reject]:
+def load_realize(harness: HarnessVersion, harness_dir: Path) -> RealizeFn:
     if harness.manifest.files.action:
         return load_module(harness_dir / harness.manifest.files.action, "harness_action").realize
-    return _default_realize
+    return native_realize if harness.manifest.tool_calling == "native" else _text_realize
+
+
+def _assistant_message(reply: Reply, actions: list[Action], native: bool) -> dict[str, Any]:
+    """The assistant turn as kept in the history: in native mode, the realized calls (canonical)."""
+    calls = [a for a in actions if not (a.is_answer or a.is_respond)]
+    if not native or not calls:
+        return {"role": "assistant", "content": reply.text}
+    return {"role": "assistant", "content": reply.text,
+            "tool_calls": [{"id": a.call_id or f"call_{i}", "name": a.tool,
+                            "arguments": json.dumps(a.arguments) if a.arguments is not None else a.input}
+                           for i, a in enumerate(calls)]}
+
+
+def _conversation(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """What the simulated user sees: the text turns only (no system prompt, tools or tool results)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages
+            if m["role"] in ("user", "assistant") and m.get("content") and not m.get("tool_calls")]
 
 
 def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any], episode: Episode,
-                chat: ChatFn, traj: Trajectory, trial: int = 0) -> None:
-    """Fill `traj` by running one episode. Raises on harness errors (the caller records them)."""
+                chat: ChatFn, traj: Trajectory, trial: int = 0, user: UserFn | None = None) -> None:
+    """Fill `traj` by running one episode. Raises on harness errors (the caller records them).
+
+    With `user` (a simulated user served by the host) the episode is a conversation: text without a
+    tool call goes to the user, and the episode ends when the user ends it or a budget runs out.
+    """
     m = harness.manifest
     gen = m.generation
-    params = {"temperature": gen.temperature, "max_tokens": gen.max_tokens, "top_p": gen.top_p,
-              "stop": gen.stop, "sample_index": trial}
+    native = m.tool_calling == "native"
+    conversational = user is not None and bool(task.get("conversational"))
+    params: dict[str, Any] = {"temperature": gen.temperature, "max_tokens": gen.max_tokens, "top_p": gen.top_p,
+                              "stop": gen.stop, "sample_index": trial}
     tools = tuple(t for t in episode.tools if m.tools is None or t.name in m.tools)
+    if native and tools:
+        params["tools"] = openai_tools(tools)
     system_prompt, skill_ids = build_system_prompt(harness, tools, task["prompt"])
     session = AgentSession(chat, traj, params, episode, system_prompt, task["prompt"], tools)
     traj.add("prompt", 0, system=system_prompt, skills=skill_ids)
@@ -139,43 +172,82 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     regulate = _default_regulate
     if m.files.regulate:
         regulate = load_module(harness_dir / m.files.regulate, "harness_regulate").regulate
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages += parse_demos(harness.layer_text("demos"))
-    messages.append({"role": "user", "content": task["prompt"]})
+    start = len(messages)
+    if conversational:
+        messages.append({"role": "assistant", "content": getattr(episode, "greeting", "") or GREETING})
+        if not _user_turn(user, messages, traj, 0):
+            return
+    else:
+        messages.append({"role": "user", "content": task["prompt"]})
     history: list[tuple[Action, str]] = []
     rejections = 0
-    for turn in range(m.budget.max_turns):
-        session.turn = turn
-        reply = session.chat(list(messages))
-        messages.append({"role": "assistant", "content": reply})
-        result, repaired_by = realize_reply(realize, repairs, reply, ActionContext(tools, turn, task["prompt"]))
-        if repaired_by:
-            traj.add("repair", turn, name=repaired_by)
-        if isinstance(result, Reject):
-            rejections += 1
-            traj.add("rejection", turn, feedback=result.feedback, rule=result.rule)
-            if rejections > m.budget.max_rejections:
-                traj.termination = "rejected"
-                return
-            messages.append({"role": "user", "content": result.feedback})
-            continue
-        if not isinstance(result, Action):
-            raise TypeError(f"realize() must return Action or Reject, got {type(result).__name__}")
-        rejections = 0
-        if result.is_answer:
-            traj.add("action", turn, tool="answer", input=result.input)
-            traj.final_answer = result.input
-            traj.termination = "answered"
-            return
-        observation = session.step(result)
-        verdict = regulate(StepState(turn, m.budget.max_turns, result, observation, list(history)))
-        history.append((result, observation))
-        if verdict.annotation:
-            traj.add("annotation", turn, text=verdict.annotation)
-            observation = f"{observation}\n{verdict.annotation}"
-        if verdict.stop:
-            traj.add("stop", turn, reason=verdict.reason)
-            traj.termination = "stopped"
-            return
-        messages.append({"role": "user", "content": observation})
-    traj.termination = "max_turns"
+    try:
+        for turn in range(m.budget.max_turns):
+            session.turn = turn
+            reply = session.chat(list(messages))
+            ctx = ActionContext(tools, turn, task["prompt"], conversational)
+            realized = realize_message(realize, repairs, reply, ctx)
+            for name in realized.repairs:
+                traj.add("repair", turn, name=name)
+            if realized.reject is not None:
+                rejections += 1
+                messages.append({"role": "assistant", "content": reply.text})
+                traj.add("rejection", turn, feedback=realized.reject.feedback, rule=realized.reject.rule)
+                if rejections > m.budget.max_rejections:
+                    traj.termination = "rejected"
+                    return
+                messages.append({"role": "user", "content": realized.reject.feedback})
+                continue
+            rejections = 0
+            messages.append(_assistant_message(reply, realized.actions, native))
+            tool_calls = messages[-1].get("tool_calls", [])
+            for index, action in enumerate(realized.actions):
+                if action.is_answer:
+                    traj.add("action", turn, tool="answer", input=action.input)
+                    traj.final_answer = action.input
+                    traj.termination = "answered"
+                    return
+                if action.is_respond:
+                    traj.add("action", turn, tool="respond", input=action.input)
+                    if not native:
+                        messages[-1]["content"] = action.input
+                    if not _user_turn(user, messages, traj, turn):
+                        return
+                    continue
+                observation = session.step(action)
+                verdict = regulate(StepState(turn, m.budget.max_turns, action, observation, list(history)))
+                history.append((action, observation))
+                if verdict.annotation:
+                    traj.add("annotation", turn, text=verdict.annotation)
+                    observation = f"{observation}\n{verdict.annotation}"
+                if native and index < len(tool_calls):
+                    messages.append({"role": "tool", "tool_call_id": tool_calls[index]["id"], "content": observation})
+                else:
+                    messages.append({"role": "user", "content": observation})
+                if verdict.stop:
+                    traj.add("stop", turn, reason=verdict.reason)
+                    traj.termination = "stopped"
+                    return
+        traj.termination = "max_turns"
+    finally:
+        traj.conversation = messages[start:]
+
+
+def _user_turn(user: UserFn | None, messages: list[dict[str, Any]], traj: Trajectory, turn: int) -> bool:
+    """Ask the simulated user for its next message; False if the conversation is over."""
+    if user is None:
+        traj.termination = "answered"
+        return False
+    result = user(_conversation(messages))
+    if "error" in result:
+        raise ModelFailure(f"user simulator: {result['error']}")
+    traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")))
+    if result.get("stop"):
+        traj.termination = "user_stop"
+        if result["text"]:
+            messages.append({"role": "user", "content": result["text"]})
+        return False
+    messages.append({"role": "user", "content": result["text"]})
+    return True

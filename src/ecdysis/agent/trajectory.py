@@ -14,6 +14,7 @@ TERMINATIONS = (
     "timeout",  # the task's wall-clock limit
     "crash",  # harness code raised, the worker died or hit a resource limit
     "model_error",  # the model backend failed for good
+    "user_stop",  # the simulated user ended the conversation (graded like "answered")
 )
 
 
@@ -30,6 +31,7 @@ class Trajectory:
     score_detail: str = ""
     score_components: dict[str, Any] = field(default_factory=dict)
     final_state: dict[str, Any] = field(default_factory=dict)
+    conversation: list[dict[str, Any]] = field(default_factory=list)  # messages after the system prompt/demos
     wall_s: float = 0.0
     model_time_s: float = 0.0
     model_calls: int = 0
@@ -44,6 +46,11 @@ class Trajectory:
 
     def replies(self) -> list[str]:
         return [e["reply"] for e in self.events if e["kind"] == "model"]
+
+    def reply_records(self) -> list[dict[str, Any]]:
+        """Replies with their native tool calls, as replay takes them."""
+        return [{"text": e["reply"], "tool_calls": e.get("tool_calls") or []}
+                for e in self.events if e["kind"] == "model"]
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]

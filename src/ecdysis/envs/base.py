@@ -1,8 +1,18 @@
-"""The environment protocol, tasks with stable ids, deterministic splits, and data loading.
+"""The environment protocol (a public API), tasks with stable ids, deterministic splits, data loading.
 
-An environment lives in two places. `make_episode` runs inside the sandbox and sees only the
-task's public part (prompt, tables); `grade` runs in the host and is the only code that sees the
-gold answer. So neither harness code nor optimizer roles can read test labels through the loop.
+An environment lives in two places, both in one plugin module:
+
+- host side: `factory(data_dir=..., seed=..., **options) -> Environment` loads tasks and grades.
+  `grade` is the only code that sees the gold answer; a task's `user_scenario` (what a simulated
+  user knows) also stays in the host.
+- sandbox side: module-level `make_episode(public, options) -> Episode` builds one task's live
+  state from its public view only (prompt, tables, initial data) and runs tool calls.
+
+So neither harness code nor optimizer roles can read labels through the loop. An episode's
+`tools` are `ToolSpec`s (name, description, JSON-schema `parameters`); the library validates
+arguments against the schema before `step` runs. `grade` receives the final answer and the
+episode's `final_state()`, to which the library adds `conversation`: the messages of the episode
+(assistant text and tool calls, tool results, user turns).
 """
 
 from __future__ import annotations
@@ -37,9 +47,11 @@ class Task:
     gold: Any  # host-only
     public: dict[str, Any] = field(default_factory=dict)  # what the sandbox may see besides prompt
     meta: dict[str, Any] = field(default_factory=dict)
+    user_scenario: str | None = None  # host-only: instructions for the simulated user (a conversation task)
 
     def public_view(self) -> dict[str, Any]:
-        return {"id": self.id, "prompt": self.prompt, "public": self.public}
+        return {"id": self.id, "prompt": self.prompt, "public": self.public,
+                "conversational": self.user_scenario is not None}
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,13 @@ class Score:
 
 
 class Episode(Protocol):
-    """One task's live state inside the sandbox."""
+    """One task's live state inside the sandbox.
+
+    `step` runs one validated tool call (`action.arguments` for schema tools, `action.input` for
+    text tools) and returns the observation text; start it with "Error" when the call failed, so
+    the failure is recorded as a tool error. Optional attribute: `greeting` (the agent's opening
+    line in a conversation).
+    """
 
     tools: tuple[ToolSpec, ...]
 
@@ -63,6 +81,9 @@ class Episode(Protocol):
 
 
 class Environment(Protocol):
+    """Host side. Optional attributes used by `ecdysis init`: `tools` (tuple of ToolSpec, for a seed
+    harness), `instructions` (policy text for the seed contract), `tool_calling` ("native" | "text")."""
+
     name: str
     tool_names: tuple[str, ...]  # tools its episodes can offer
 

@@ -91,5 +91,13 @@ class JsonlSuite:
         return Score(value, value >= 1.0, f"grader {self.grader} gave {value:g}")
 
 
+def from_options(data_dir: Path | None = None, seed: int = 0, path: str | None = None,
+                 grader: str = JsonlSuite.grader, **_: Any) -> JsonlSuite:
+    """Factory for `env.name = "jsonl"`: needs `env.options.path` (or `--tasks FILE`)."""
+    if not path:
+        raise ValueError("the jsonl environment needs a task file: --tasks FILE (or env.options.path)")
+    return JsonlSuite(path=Path(path), grader=grader, seed=seed)
+
+
 def make_episode(public: dict[str, Any], options: dict[str, Any]) -> NoToolEpisode:
     return NoToolEpisode()

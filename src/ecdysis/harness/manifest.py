@@ -61,6 +61,9 @@ class Manifest(BaseModel):
     name: str
     env: str
     mode: Literal["layered", "freeform"] = "layered"
+    # "native": tools are sent with their JSON schemas through the model's function-calling API and
+    # `realize` gets the calls in `reply.tool_calls`; "text": tools are described in the contract.
+    tool_calling: Literal["text", "native"] = "text"
     description: str = ""
     tools: list[str] | None = None  # environment tools to offer; None = all
     generation: Generation = Field(default_factory=Generation)

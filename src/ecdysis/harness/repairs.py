@@ -12,8 +12,10 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from .api import Action, ToolSpec, answer
+from . import tool_calls
+from .api import Action, Reply, ToolSpec, answer
 
 REPAIRS_FILE = "repairs.json"
 NUMBER = r"-?\$?\s*[\d,]*\.?\d+"
@@ -66,11 +68,23 @@ def bare_sql(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
     return Action("sql", block.group(1).strip()) if block else None
 
 
+Stage = Literal["reply", "message", "call", "turn"]
+
+
 @dataclass(frozen=True)
 class Repair:
+    """A named deterministic repair. Where it acts (`stage`):
+
+    reply   after `realize` rejected a reply: (text, tools) -> Action | None
+    message before `realize`: (Reply, tools) -> Reply | None (e.g. calls written in the text)
+    call    on one action that failed validation: (Action, tools) -> Action | None
+    turn    on the actions of one message: (actions) -> actions | None
+    """
+
     name: str
     description: str
-    apply: Callable[[str, tuple[ToolSpec, ...]], Action | None]
+    apply: Callable[..., Any]
+    stage: Stage = "reply"
 
 
 CATALOG: dict[str, Repair] = {
@@ -81,6 +95,14 @@ CATALOG: dict[str, Repair] = {
         Repair("last_number", "single-turn: take the last number in the reply as the answer", last_number),
         Repair("final_answer_anywhere", "accept 'Final Answer: ...' without the action header", final_answer_anywhere),
         Repair("bare_sql", "tool tasks: run a SQL statement given without the expected action header", bare_sql),
+        Repair("json_in_text", "tool calls written as JSON in the text become real calls",
+               tool_calls.calls_in_text, "message"),
+        Repair("coerce_types", "argument values of the wrong type are converted where lossless ('3' -> 3)",
+               tool_calls.coerce_types, "call"),
+        Repair("near_tool_name", "a tool name one typo away from exactly one real tool is corrected",
+               tool_calls.near_tool_name, "call"),
+        Repair("one_call_per_turn", "several tool calls in one message: run only the first",
+               tool_calls.one_call_per_turn, "turn"),
     )
 }
 
@@ -99,8 +121,35 @@ def parse_repairs(text: str | None) -> list[Repair]:
 
 
 def try_repairs(repairs: list[Repair], reply: str, tools: tuple[ToolSpec, ...]) -> tuple[Action, str] | None:
+    """Reply-stage repairs after a rejection: the first that recovers an action wins."""
     for repair in repairs:
+        if repair.stage != "reply":
+            continue
         action = repair.apply(reply, tools)
         if action is not None:
             return action, repair.name
     return None
+
+
+def repair_message(repairs: list[Repair], reply: Reply, tools: tuple[ToolSpec, ...]) -> tuple[Reply, str | None]:
+    for repair in repairs:
+        if repair.stage == "message" and (fixed := repair.apply(reply, tools)) is not None:
+            return fixed, repair.name
+    return reply, None
+
+
+def repair_call(repairs: list[Repair], action: Action, tools: tuple[ToolSpec, ...]) -> tuple[Action, list[str]]:
+    """Apply every enabled call-stage repair in order; returns the action and the repairs that changed it."""
+    used: list[str] = []
+    for repair in repairs:
+        if repair.stage == "call" and (fixed := repair.apply(action, tools)) is not None:
+            action = fixed
+            used.append(repair.name)
+    return action, used
+
+
+def repair_turn(repairs: list[Repair], actions: list[Action]) -> tuple[list[Action], str | None]:
+    for repair in repairs:
+        if repair.stage == "turn" and (fixed := repair.apply(actions)) is not None:
+            return fixed, repair.name
+    return actions, None

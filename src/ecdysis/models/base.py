@@ -12,12 +12,33 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class ToolCall(BaseModel):
+    """A function call the model asked for. `arguments` is the raw JSON text, as the API gives it."""
+
+    id: str = ""
+    name: str
+    arguments: str = "{}"
 
 
 class Message(BaseModel):
+    """A chat message. Assistant messages may carry `tool_calls`; `tool` messages answer one by id."""
+
     role: Role
-    content: str
+    content: str = ""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def to_openai(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}} for c in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id or ""
+        return out
 
 
 class GenerationParams(BaseModel):
@@ -29,6 +50,8 @@ class GenerationParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
     json_schema: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # OpenAI function-tool definitions (part of the cache key)
+    tool_choice: str | dict[str, Any] | None = None  # "auto" | "required" | "none" | {"type": "function", ...}
     sample_index: int = 0
 
 
@@ -37,7 +60,7 @@ class ChatRequest(BaseModel):
     params: GenerationParams = Field(default_factory=GenerationParams)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":"))
 
 
 class Usage(BaseModel):
@@ -52,6 +75,7 @@ class Usage(BaseModel):
 
 class ChatResponse(BaseModel):
     text: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
     finish_reason: str = "stop"
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0

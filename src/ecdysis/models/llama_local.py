@@ -16,8 +16,9 @@ from typing import Any
 
 from .base import ChatRequest, ChatResponse, ModelConfigError, ModelError, Usage
 from .local_models import CATALOG, resolve_verified, sha256_file
+from .toolcalls import for_template, forced_call_schema, parse_reply_calls
 
-_LOADED: dict[tuple[str, int], tuple[Any, threading.Lock]] = {}
+_LOADED: dict[tuple[str, int, str], tuple[Any, threading.Lock]] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -32,9 +33,10 @@ def _import_llama() -> Any:
     return llama_cpp
 
 
-def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None) -> tuple[Any, threading.Lock]:
-    """The process-wide Llama for `path` (loaded on first use) and its generation lock."""
-    key = (str(path.resolve()), n_ctx)
+def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
+               instance: str = "") -> tuple[Any, threading.Lock]:
+    """The process-wide Llama for (`path`, `n_ctx`, `instance`) (loaded on first use) and its lock."""
+    key = (str(path.resolve()), n_ctx, instance)
     with _LOAD_LOCK:
         if key not in _LOADED:
             llama_cpp = _import_llama()
@@ -51,7 +53,7 @@ def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None) -> t
 class LlamaCppModel:
     """A GGUF model run in this process. `name` is a catalog name or a path to a .gguf file."""
 
-    def __init__(self, name: str, n_ctx: int = 4096, n_threads: int | None = None) -> None:
+    def __init__(self, name: str, n_ctx: int = 4096, n_threads: int | None = None, instance: str = "") -> None:
         if name in CATALOG:
             self.path = resolve_verified(name)
             self._digest = CATALOG[name].sha256
@@ -67,6 +69,7 @@ class LlamaCppModel:
         self.name = name
         self.n_ctx = n_ctx
         self.n_threads = n_threads
+        self.instance = instance
 
     @property
     def identity(self) -> str:
@@ -74,10 +77,10 @@ class LlamaCppModel:
 
     def _generate(self, request: ChatRequest) -> tuple[dict[str, Any], float]:
         """Generate under the model's lock; returns the completion and the generation time only."""
-        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads)
+        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
         p = request.params
         kwargs: dict[str, Any] = {
-            "messages": [m.model_dump() for m in request.messages],
+            "messages": for_template(request.messages),
             "temperature": p.temperature,
             "top_p": p.top_p,
             "max_tokens": p.max_tokens,
@@ -88,6 +91,11 @@ class LlamaCppModel:
             kwargs["seed"] = (p.seed or 0) + p.sample_index
         if p.json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
+        forced = forced_call_schema(p.tools, p.tool_choice)
+        if forced is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": forced}
+        if p.tools:
+            kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
         with lock:
             start = time.perf_counter()
             out = llm.create_chat_completion(**kwargs)
@@ -100,8 +108,13 @@ class LlamaCppModel:
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
         usage = out.get("usage") or {}
+        text, calls = choice["message"].get("content") or "", []
+        if request.params.tools:
+            text, calls = parse_reply_calls(text, forced=forced_call_schema(request.params.tools,
+                                                                             request.params.tool_choice) is not None)
         return ChatResponse(
-            text=choice["message"].get("content") or "",
+            text=text,
+            tool_calls=calls,
             finish_reason=choice.get("finish_reason") or "stop",
             usage=Usage(
                 prompt_tokens=usage.get("prompt_tokens", 0),

@@ -19,8 +19,9 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from .base import ChatRequest, ChatResponse, ModelError, Usage
+from .base import ChatRequest, ChatResponse, ModelError, ToolCall, Usage
 from .pricing import cost_usd
+from .toolcalls import call_id, split_tool_calls
 
 _SEMAPHORES: dict[tuple[str, int], asyncio.Semaphore] = {}
 
@@ -84,7 +85,7 @@ class OpenAICompatModel:
         p = request.params
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "messages": [m.model_dump() for m in request.messages],
+            "messages": [m.to_openai() for m in request.messages],
             "temperature": p.temperature,
             "max_tokens": p.max_tokens,
             "top_p": p.top_p,
@@ -95,6 +96,10 @@ class OpenAICompatModel:
             kwargs["seed"] = p.seed
         if p.json_schema is not None:
             kwargs["response_format"] = self._response_format(p.json_schema)
+        if p.tools:
+            kwargs["tools"] = p.tools
+            if p.tool_choice is not None:
+                kwargs["tool_choice"] = p.tool_choice
         try:
             return await self._client.chat.completions.create(**kwargs)
         except openai.APIStatusError as exc:
@@ -150,8 +155,16 @@ class OpenAICompatModel:
             completion_tokens=(u.completion_tokens if u else 0) or 0,
             cached_tokens=cached,
         )
+        text, calls = choice.message.content or "", []
+        for index, c in enumerate(choice.message.tool_calls or []):
+            fn = c.function
+            calls.append(ToolCall(id=c.id or call_id(index, fn.name, fn.arguments or ""), name=fn.name,
+                                  arguments=fn.arguments or "{}"))
+        if not calls and request.params.tools:  # servers that return the template's text form
+            text, calls = split_tool_calls(text)
         return ChatResponse(
-            text=choice.message.content or "",
+            text=text,
+            tool_calls=calls,
             finish_reason=choice.finish_reason or "stop",
             usage=usage,
             latency_s=time.perf_counter() - start,

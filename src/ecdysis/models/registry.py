@@ -56,8 +56,11 @@ def _http(base_url: str, model: str, key: str, s: ModelSettings) -> ChatModel:
     )
 
 
-def build_model(ref: str, settings: ModelSettings | None = None) -> ChatModel:
-    """Build the backend a reference names. Raises ModelConfigError listing the known forms."""
+def build_model(ref: str, settings: ModelSettings | None = None, instance: str = "") -> ChatModel:
+    """Build the backend a reference names. Raises ModelConfigError listing the known forms.
+
+    `instance` gives an embedded model its own llama.cpp context (same weights file, separate KV cache).
+    """
     s = settings or ModelSettings()
     kind, sep, rest = ref.partition(":")
     if ref.startswith(("http://", "https://")):
@@ -70,7 +73,7 @@ def build_model(ref: str, settings: ModelSettings | None = None) -> ChatModel:
     if kind == "local":
         from .llama_local import LlamaCppModel
 
-        return LlamaCppModel(rest, n_ctx=s.n_ctx)
+        return LlamaCppModel(rest, n_ctx=s.n_ctx, instance=instance)
     if kind == "openai":
         return _http("https://api.openai.com/v1", rest, _key(s.api_key_env or "OPENAI_API_KEY", True), s)
     if kind == "ollama":

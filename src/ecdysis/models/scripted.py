@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .base import ChatRequest, ChatResponse, Message, Usage
+from .toolcalls import split_tool_calls
 
 Responder = Callable[[list[Message]], str]
 
@@ -42,8 +43,12 @@ class ScriptedModel:
                 raise ValueError("ScriptedModel has no responses")
             text = self._responses[index % len(self._responses)]
         prompt_tokens = sum(len(m.content.split()) for m in request.messages)
+        calls = []
+        if request.params.tools:  # scripts write calls as a template would: <tool_call>{...}</tool_call>
+            text, calls = split_tool_calls(text)
         return ChatResponse(
             text=text,
+            tool_calls=calls,
             finish_reason="stop",
             usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(text.split())),
             latency_s=time.perf_counter() - start,

@@ -17,13 +17,14 @@ from math import comb
 from typing import Any
 
 from ..agent.trajectory import Trajectory
-from ..envs.base import Environment, Task
+from ..envs.base import Environment, Score, Task
 from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, GenerationParams, Message, ModelError
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .progress import EvalProgress
 from .sandbox import SandboxLimits, run_in_sandbox
+from .user_sim import UserSimulator
 
 
 @dataclass
@@ -53,6 +54,15 @@ class EvalSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
+
+
+def grade_safely(env: Environment, task: Task, traj: Trajectory) -> Score:
+    """Grade in the host; a grader that raises scores 0 with the exception recorded."""
+    state = {**traj.final_state, "conversation": traj.conversation}
+    try:
+        return env.grade(task, traj.final_answer, state)
+    except Exception as exc:  # noqa: BLE001 - a grader bug must not abort the batch
+        return Score(0.0, False, f"grader raised {type(exc).__name__}: {exc}", {"grader_error": repr(exc)})
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -100,6 +110,9 @@ class Runner:
     show_progress: bool = True
     max_agent_tokens: int | None = None  # budget across all evaluations of this runner
     tokens_spent: int = 0
+    user_model: MeteredModel | None = None  # the simulated user of conversation tasks
+    user_settings: dict[str, Any] = field(default_factory=dict)  # UserSimulator fields: max_turns, temperature...
+    plugin_paths: list[str] = field(default_factory=list)  # import path the sandbox needs for the env plugin
 
     def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
         h = hashlib.sha256()
@@ -109,7 +122,7 @@ class Runner:
             h.update(task.id.encode() + b"\0")
         return h.hexdigest()[:16]
 
-    async def _chat(self, eval_id: str, messages: list[dict[str, str]], params: dict[str, Any]) -> dict[str, Any]:
+    async def _chat(self, eval_id: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         try:
             request = ChatRequest(messages=[Message(**m) for m in messages], params=GenerationParams(**params))
             response = await self.model.chat(request)
@@ -120,9 +133,26 @@ class Runner:
                                response.latency_s, response.cost_usd, response.cache_hit)
         if not response.cache_hit:
             self.tokens_spent += response.usage.total_tokens
-        return {"text": response.text, "finish_reason": response.finish_reason,
-                "usage": response.usage.model_dump(), "latency_s": response.latency_s,
-                "cache_hit": response.cache_hit}
+        return {"text": response.text, "tool_calls": [c.model_dump() for c in response.tool_calls],
+                "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
+                "latency_s": response.latency_s, "cache_hit": response.cache_hit}
+
+    def _user(self, eval_id: str, task: Task) -> Any:
+        """The host-side handler of a conversation task's user turns, or None."""
+        if task.user_scenario is None or self.user_model is None:
+            return None
+        sim = UserSimulator(self.user_model, task.user_scenario, **self.user_settings)
+        model = self.user_model
+
+        async def handle(conversation: list[dict[str, str]]) -> dict[str, Any]:
+            out = await sim.reply(conversation)
+            if "usage" in out:
+                u = out["usage"]
+                self.store.record_call(self.run_id, eval_id, "user", model.identity, u["prompt_tokens"],
+                                       u["completion_tokens"], out["latency_s"], 0.0, out["cache_hit"])
+            return out
+
+        return handle
 
     def _over_budget(self) -> bool:
         return self.max_agent_tokens is not None and self.tokens_spent >= self.max_agent_tokens
@@ -148,8 +178,9 @@ class Runner:
                 traj = await run_in_sandbox(
                     harness, self.env_name, self.env_options, task, trial,
                     lambda m, p: self._chat(eval_id, m, p), self.limits,
+                    user=self._user(eval_id, task), plugin_paths=self.plugin_paths,
                 )
-                score = self.env.grade(task, traj.final_answer, traj.final_state)
+                score = grade_safely(self.env, task, traj)
                 traj.score, traj.passed = score.value, score.passed
                 traj.score_detail, traj.score_components = score.detail, score.components
                 self.store.record_trajectory(eval_id, traj)

@@ -23,7 +23,8 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 
-ChatHandler = Callable[[list[dict[str, str]], dict[str, Any]], Awaitable[dict[str, Any]]]
+ChatHandler = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[dict[str, Any]]]
+UserHandler = Callable[[list[dict[str, str]]], Awaitable[dict[str, Any]]]
 STDERR_TAIL = 8000
 _SRC_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -82,8 +83,14 @@ async def run_in_sandbox(
     trial: int,
     chat: ChatHandler,
     limits: SandboxLimits,
+    user: UserHandler | None = None,
+    plugin_paths: list[str] | None = None,
 ) -> Trajectory:
-    """Run one episode in a fresh worker process. Never raises for harness failures."""
+    """Run one episode in a fresh worker process. Never raises for harness failures.
+
+    `user` serves the simulated user's turns (conversation tasks); `plugin_paths` go on the worker's
+    import path so it can import the environment plugin.
+    """
     start = time.perf_counter()
     served: list[dict[str, Any]] = []  # model calls served, kept in case the worker dies
     stderr = bytearray()
@@ -95,6 +102,8 @@ async def run_in_sandbox(
         "task": task.public_view(),
         "trial": trial,
         "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb},
+        "has_user": user is not None,
+        "plugin_paths": plugin_paths or [],
     }
     result: Trajectory | None = None
     termination, detail = "crash", ""
@@ -111,8 +120,11 @@ async def run_in_sandbox(
                 message = json.loads(line)
                 if message.get("op") == "done":
                     return Trajectory.from_dict(message["trajectory"])
-                reply = await chat(message["messages"], message["params"])
-                served.append({"messages": message["messages"], **reply})
+                if message.get("op") == "user" and user is not None:
+                    reply = await user(message["conversation"])
+                else:
+                    reply = await chat(message["messages"], message["params"])
+                    served.append({"messages": message["messages"], **reply})
                 proc.stdin.write((json.dumps(reply) + "\n").encode())
                 await proc.stdin.drain()
             return None
@@ -165,6 +177,7 @@ def _failed(harness_id: str, task_id: str, trial: int, termination: str, detail:
             continue
         usage = call.get("usage", {})
         traj.add("model", 0, messages=call["messages"], reply=call["text"], usage=usage,
+                 tool_calls=call.get("tool_calls") or [],
                  finish_reason=call.get("finish_reason", ""), latency_s=call.get("latency_s", 0.0))
         traj.model_calls += 1
         traj.model_time_s += float(call.get("latency_s", 0.0))

@@ -82,15 +82,21 @@ class HostLink:
             raise EOFError("host closed the channel")
         return json.loads(line)
 
-    def chat(self, messages: list[dict[str, str]], params: dict[str, Any]) -> dict[str, Any]:
+    def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         self.send({"op": "chat", "messages": messages, "params": params})
+        return self.receive()
+
+    def user(self, conversation: list[dict[str, str]]) -> dict[str, Any]:
+        """The simulated user's next message (the host holds the scenario and the user model)."""
+        self.send({"op": "user", "conversation": conversation})
         return self.receive()
 
 
 def replay(request: dict[str, Any]) -> dict[str, Any]:
     """Realize stored replies with a candidate's H2 (no model calls). Per item: one result per reply."""
-    from ..agent.loop import load_realize, realize_reply
-    from ..harness.api import ActionContext, Reject, ToolSpec
+    from ..agent.loop import load_realize
+    from ..agent.realize import as_reply, realize_message
+    from ..harness.api import ActionContext, ToolSpec
     from ..harness.manifest import version_from_files
     from ..harness.repairs import REPAIRS_FILE, parse_repairs
 
@@ -105,14 +111,18 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
         repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
         results = []
         for item in request["items"]:
-            tools = tuple(ToolSpec(t, "") for t in item["tools"])
+            tools = tuple(ToolSpec(t["name"], t.get("description", ""), t.get("parameters")) if isinstance(t, dict)
+                          else ToolSpec(t, "") for t in item["tools"])
             out = []
             for turn, reply in enumerate(item["replies"]):
-                result, _ = realize_reply(realize, repairs, reply, ActionContext(tools, turn, item["prompt"]))
-                if isinstance(result, Reject):
-                    out.append({"reject": result.rule})
-                else:
-                    out.append({"tool": result.tool, "input": result.input})
+                ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")))
+                realized = realize_message(realize, repairs, as_reply(reply), ctx)
+                if realized.reject is not None:
+                    out.append({"reject": realized.reject.rule})
+                else:  # the first action stands for the message (answer, respond or the first call)
+                    first = realized.actions[0]
+                    out.append({"tool": first.tool, "input": first.input, "arguments": first.arguments,
+                                "repairs": realized.repairs})
             results.append(out)
         return {"results": results}
     except BaseException:  # noqa: BLE001 - candidate code failing replay is a result
@@ -141,10 +151,12 @@ def main() -> int:
         harness = version_from_files(request["files"], origin="harness")
         harness.write(harness_dir)
         sys.path.insert(0, str(harness_dir))
+        sys.path.extend(request.get("plugin_paths", []))
         episode = make_episode(request["env"], request["task"]["public"], request.get("env_options", {}))
         limits = request["limits"]
         traj.isolation = isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"])
-        run_episode(harness, harness_dir, request["task"], episode, link.chat, traj, trial=request["trial"])
+        user = link.user if request.get("has_user") else None
+        run_episode(harness, harness_dir, request["task"], episode, link.chat, traj, trial=request["trial"], user=user)
         traj.final_state = episode.final_state()
     except ModelFailure as exc:
         traj.termination = "model_error"
