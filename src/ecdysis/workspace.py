@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .config import Config
 from .envs import Environment, Task, get_environment, plugin_root, seeded_order
+from .harness.generic_seed import generic_seed
 from .harness.manifest import HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner, SandboxLimits
@@ -65,8 +66,13 @@ class Workspace:
         return self.models[key]
 
     def harness(self) -> HarnessVersion:
-        directory = self.config.agent.harness or seed_harness_dir(self.config.env.name)
-        return load_harness(directory)
+        """The configured harness; else the built-in seed; else a seed written from the environment."""
+        if self.config.agent.harness:
+            return load_harness(self.config.agent.harness)
+        try:
+            return load_harness(seed_harness_dir(self.config.env.name))
+        except FileNotFoundError:
+            return generic_seed(self.config.env.name, self.env)
 
     def tasks(self, split: str, limit: int | None) -> list[Task]:
         ordered = seeded_order(self.env.tasks(split), self.config.run.seed)

@@ -160,7 +160,8 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
         params["tools"] = openai_tools(tools)
     system_prompt, skill_ids = build_system_prompt(harness, tools, task["prompt"])
     session = AgentSession(chat, traj, params, episode, system_prompt, task["prompt"], tools)
-    traj.add("prompt", 0, system=system_prompt, skills=skill_ids)
+    traj.add("prompt", 0, system=system_prompt, skills=skill_ids,
+             tools=[{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools])
     if m.mode == "freeform":
         loop = load_module(harness_dir / str(m.files.loop), "harness_loop")
         answer = loop.run(session)

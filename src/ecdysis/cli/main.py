@@ -102,25 +102,46 @@ def models_pull(
 @app.command()
 def init(
     directory: Path,
-    env: Annotated[str, typer.Option(help="gsm8k | dbbench")] = "gsm8k",
+    env: Annotated[str, typer.Option(help="Built-in name (gsm8k, dbbench, tau2-retail, ...) or "
+                                          "package.module:factory of your own environment.")] = "gsm8k",
+    data_dir: Annotated[Path | None, typer.Option(help="Folder holding the task data.")] = None,
     force: bool = False,
 ) -> None:
-    """Write a working seed harness and a ready config (ecdysis.toml) next to it."""
+    """Write a working seed harness and a ready config (ecdysis.toml) next to it.
+
+    Built-in environments get their shipped seed; any other environment gets one written from what
+    it declares (its tools with their schemas, its instructions or policy)."""
+    from ..envs import get_environment, plugin_root
+    from ..harness.generic_seed import generic_seed_files
     from ..workspace import seed_harness_dir
 
-    try:
-        seed = seed_harness_dir(env)
-    except FileNotFoundError as exc:
-        fail(str(exc))
-        return
     harness_dir = directory / "harness"
     if harness_dir.exists() and not force:
         fail(f"{harness_dir} already exists (use --force to overwrite)")
-    shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    try:
+        seed = seed_harness_dir(env)
+        shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    except FileNotFoundError:
+        try:
+            search = [Path.cwd()]
+            environment = get_environment(env, data_dir=data_dir, search=search)
+            root = plugin_root(env, search)
+        except USER_ERRORS + (ImportError,) as exc:
+            fail(f"cannot load environment {env!r}: {exc}")
+            return
+        harness_dir.mkdir(parents=True, exist_ok=True)
+        for rel, text in generic_seed_files(env, environment).items():
+            (harness_dir / rel).write_text(text)
+        env_path = f"plugin_path = [{json.dumps(root)}]\n" if root else ""
+    else:
+        env_path = ""
     config_path = directory / "ecdysis.toml"
     if not config_path.exists() or force:
         template = (Path(__file__).parent.parent / "prompts" / "config_template.toml").read_text()
-        config_path.write_text(template.replace("{env}", env))
+        text = template.replace("{env}", env)
+        if env_path:
+            text = text.replace(f'name = "{env}"\n', f'name = "{env}"\n{env_path}')
+        config_path.write_text(text)
     console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
 
 
@@ -128,8 +149,9 @@ def init(
 def eval_cmd(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    env: Annotated[str | None, typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    env: Annotated[str | None, typer.Option(help="Environment: built-in name or package.module:factory.")] = None,
     harness: Annotated[Path | None, typer.Option(help="Harness directory (default: built-in seed).")] = None,
+    user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
     model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
     split: Annotated[str | None, typer.Option(help="train | val | test")] = None,
     limit: Annotated[int | None, typer.Option(help="Number of tasks (seeded choice).")] = None,
@@ -149,7 +171,7 @@ def eval_cmd(
             "env.name": env, "agent.harness": harness, "agent.model": model, "eval.split": split,
             "eval.limit": limit, "eval.trials": trials, "run.run_dir": run_dir, "env.data_dir": data_dir,
             "env.options.path": tasks_file, "env.options.grader": grader,
-            "run.concurrency": concurrency, "sandbox.timeout_s": timeout,
+            "run.concurrency": concurrency, "sandbox.timeout_s": timeout, "user.model": user_model,
         })
         ws = Workspace.open(cfg)
         version = ws.harness()
@@ -174,8 +196,9 @@ def train(
     config: ConfigOpt = None,
     sets: SetOpt = None,
     arm: Annotated[str, typer.Option(help="ecdysis (debate) | aggregate (single analyst) | serial")] = "ecdysis",
-    env: Annotated[str | None, typer.Option(help="gsm8k | dbbench | jsonl")] = None,
+    env: Annotated[str | None, typer.Option(help="Environment: built-in name or package.module:factory.")] = None,
     harness: Annotated[Path | None, typer.Option(help="Seed harness directory.")] = None,
+    user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
     model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
     roles_model: Annotated[str | None, typer.Option(help="One model for every optimizer role.")] = None,
     rounds: Annotated[int | None, typer.Option(help="Maximum rounds.")] = None,
@@ -189,7 +212,7 @@ def train(
     try:
         cfg = build_config(config, sets, **{
             "env.name": env, "agent.harness": harness, "agent.model": model, "train.rounds": rounds,
-            "run.run_dir": run_dir, "env.data_dir": data_dir, **roles,
+            "run.run_dir": run_dir, "env.data_dir": data_dir, "user.model": user_model, **roles,
         })
         result = run_training(cfg, arm=arm, console=console)
     except USER_ERRORS as exc:

@@ -119,10 +119,9 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
                 realized = realize_message(realize, repairs, as_reply(reply), ctx)
                 if realized.reject is not None:
                     out.append({"reject": realized.reject.rule})
-                else:  # the first action stands for the message (answer, respond or the first call)
-                    first = realized.actions[0]
-                    out.append({"tool": first.tool, "input": first.input, "arguments": first.arguments,
-                                "repairs": realized.repairs})
+                else:
+                    out.append({"actions": [{"tool": a.tool, "input": a.input, "arguments": a.arguments}
+                                            for a in realized.actions], "repairs": realized.repairs})
             results.append(out)
         return {"results": results}
     except BaseException:  # noqa: BLE001 - candidate code failing replay is a result

@@ -93,33 +93,38 @@ def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task
                 raise CheckFailed(f"the edit contains {value!r}, the gold answer of training task {task.id}")
 
 
-def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task],
-                  tools: dict[str, list[str]]) -> list[dict[str, Any]]:
-    return [{"prompt": tasks[t.task_id].prompt, "replies": t.replies(), "tools": tools.get(t.task_id, [])}
-            for t in trajectories]
+def offered_tools(traj: Trajectory) -> list[Any]:
+    """The tools the episode offered (with schemas, as recorded), else the names it used."""
+    prompt = traj.of_kind("prompt")
+    if prompt and prompt[0].get("tools") is not None:
+        return prompt[0]["tools"]
+    return sorted({e["tool"] for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")})
+
+
+def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]]:
+    return [{"prompt": tasks[t.task_id].prompt, "replies": t.reply_records(), "tools": offered_tools(t),
+             "conversational": tasks[t.task_id].user_scenario is not None} for t in trajectories]
 
 
 async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
                        tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> ReplayReport:
     """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost."""
-    tools = {t.task_id: sorted({e["tool"] for e in t.of_kind("action") if e["tool"] != "answer"})
-             for t in trajectories}
-    result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks, tools), limits)
+    result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks), limits)
     if "error" in result:
         raise CheckFailed(f"replay failed: {result['error'].strip().splitlines()[-1]}")
     report = ReplayReport()
     budget = candidate.manifest.budget.max_rejections
     for traj, realized in zip(trajectories, result["results"], strict=True):
-        original = [(e["tool"], e["input"]) for e in traj.of_kind("action")]
-        new_actions = [(r["tool"], r["input"]) for r in realized if "tool" in r]
-        if new_actions == original and (not original or len(new_actions) == len(realized)):
+        original = [(e["tool"], e["input"], e.get("arguments")) for e in traj.of_kind("action")]
+        new_actions = [(a["tool"], a["input"], a.get("arguments")) for r in realized for a in r.get("actions", [])]
+        if new_actions == original and (not original or all("actions" in r for r in realized)):
             report.unchanged += 1
             continue
         if single_turn:
             answer, rejections = None, 0
             for r in realized:
-                if "tool" in r:
-                    answer = r["input"]
+                if "actions" in r:
+                    answer = r["actions"][0]["input"]
                     break
                 rejections += 1
                 if rejections > budget:

@@ -14,7 +14,10 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..agent.realize import as_reply
 from ..agent.trajectory import Trajectory
+from ..harness.api import ToolSpec
+from ..harness.tool_calls import calls_in_text
 
 SNIPPET = 500
 _FILE_IN_TB = re.compile(r'File ".*?/harness/([\w./-]+)", line (\d+)')
@@ -82,6 +85,34 @@ def _gold_wrapper(reply: str, expected: str) -> str | None:
     return "plain"
 
 
+TOOL_FAILURES = ("unknown_tool", "invalid_arguments", "json_call_in_text", "tool_error", "repeated_call",
+                 "no_tool_call")
+_TOOL_FAILURE_LAYER = {"unknown_tool": "H2", "invalid_arguments": "H2", "json_call_in_text": "H2",
+                       "tool_error": "H3", "repeated_call": "H4", "no_tool_call": "H3"}
+
+
+def tool_facts(traj: Trajectory) -> dict[str, Any]:
+    """Counts of tool-call failures in one episode (zero everywhere for episodes without schema tools)."""
+    prompt = traj.of_kind("prompt")
+    offered = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters"))
+               for t in (prompt[0].get("tools") or [] if prompt else [])]
+    calls = [e for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")]
+    errors = Counter(e.get("kind", "tool_error") for e in traj.of_kind("tool_error"))
+    keys = Counter(f"{e['tool']}:{e.get('arguments') or e.get('input')}" for e in calls)
+    in_text = sum(1 for r in traj.reply_records() if not r["tool_calls"] and offered
+                  and calls_in_text(as_reply(r), tuple(offered)) is not None)
+    schema_tools = any(t.parameters is not None for t in offered)
+    return {"tool_calls": len(calls), "unknown_tool": errors["unknown_tool"],
+            "invalid_arguments": errors["invalid_arguments"], "tool_error": errors["tool_error"],
+            "repeated_call": sum(n - 1 for n in keys.values() if n > 1), "json_call_in_text": in_text,
+            "no_tool_call": int(schema_tools and not calls)}
+
+
+def tool_failure(facts: dict[str, Any]) -> str | None:
+    """The first tool-call failure kind present in an episode's facts, by priority."""
+    return next((kind for kind in TOOL_FAILURES if facts.get(kind)), None)
+
+
 def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
     models = traj.of_kind("model")
     replies = [e["reply"] for e in models]
@@ -104,7 +135,11 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
         layer = "infra"
     else:
         layer = "H2" if _gold_wrapper(last, expected) not in (None, "plain") else "model"
-    shape = reply_ending(last) + ("+truncated" if truncated else "")
+    tools = tool_facts(traj)
+    tool_kind = tool_failure(tools)
+    if tool_kind and traj.termination in ("answered", "user_stop", "max_turns", "stopped"):
+        layer = _TOOL_FAILURE_LAYER[tool_kind]
+    shape = (f"tool:{tool_kind}" if tool_kind else reply_ending(last)) + ("+truncated" if truncated else "")
     facts = {
         "shape": shape,
         "truncated": truncated,
@@ -116,6 +151,7 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
         "repairs_used": [e["name"] for e in traj.of_kind("repair")],
         "crash": (traj.traceback or "").strip().splitlines()[-1][:200] if traj.traceback else None,
         "crash_file": crash_file,
+        **tools,
     }
     return FailureRecord(
         task_id=traj.task_id, trial=traj.trial, termination=traj.termination, score=traj.score,
@@ -147,6 +183,9 @@ class Pattern:
 def _name(records: list[FailureRecord]) -> str:
     r = records[0]
     parts = [f"ended '{r.termination}'"]
+    kind = tool_failure(r.facts)
+    if kind:
+        parts.append(f"tool-call failure '{kind}' in {sum(1 for x in records if x.facts.get(kind))}/{len(records)}")
     if r.rules:
         parts.append(f"rejected by H2 rule '{Counter(x for rec in records for x in rec.rules).most_common(1)[0][0]}'")
     parts.append(f"reply ends with {r.facts['shape'].replace('_', ' ')}")
@@ -178,7 +217,22 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
         levers.append("H3 rule or H5 skill about the tool's syntax (e.g. quoting names)")
     if majority(sum(r.termination in ("stopped", "max_turns") for r in records)):
         levers.append("H4 budget/loop handling or an H3 rule on when to answer")
-    if not unparsed and not majority(sum(r.facts["expected_in_reply"] for r in records)):
+    tool_kinds = Counter(tool_failure(r.facts) for r in records)
+    if majority(tool_kinds["json_call_in_text"]):
+        levers.append("repair:json_in_text (H2 turns tool calls written as JSON in the text into real calls)")
+    if majority(tool_kinds["unknown_tool"]):
+        levers.append("repair:near_tool_name (H2 corrects a tool name one typo away) and an H3 rule listing the tools")
+    if majority(tool_kinds["invalid_arguments"]):
+        levers.append("repair:coerce_types (H2 converts '3' -> 3 where the schema says so) and/or an H3 rule or "
+                      "demo showing the argument format")
+    if majority(tool_kinds["repeated_call"]):
+        levers.append("H4 regulation: flag a repeated identical call and ask for a different step")
+    if majority(tool_kinds["no_tool_call"]):
+        levers.append("H3 rule: the task is done only through the tools (look up, then change); a demo of one call")
+    if majority(tool_kinds["tool_error"]):
+        levers.append("H3 rule or H5 skill on the tool's preconditions named in the error texts")
+    if not unparsed and not any(k for k in tool_kinds if k) and not majority(
+            sum(r.facts["expected_in_reply"] for r in records)):
         levers.append("the answer was parsed but is wrong: a reasoning error of the model; an H3 rule or H5 "
                       "skill only if it is general (e.g. 'check each step'); otherwise leave it")
     if not levers:
@@ -237,6 +291,7 @@ def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]]
             "answer_parsed": sum(r.facts["answer_parsed"] for r in bucket),
             "rules": dict(Counter(x for r in bucket for x in r.rules)),
             "failures": len(bucket),
+            "tool_failures": {k: v for k in TOOL_FAILURES if (v := sum(1 for r in bucket if r.facts.get(k)))},
         }
         evidence = [r.evidence() for r in bucket[:max_evidence]]
         patterns.append(Pattern(

@@ -32,7 +32,8 @@ from .spec import Change, HarnessSpec
 
 CONTENT_SCHEMA = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
 INTERFACES = {
-    "action.py": "It must define realize(reply: str, ctx) -> Action | Reject. ctx.tools lists the offered tools.",
+    "action.py": ("It must define realize(reply, ctx) -> Action | list[Action] | Reject. reply is the text (a str) "
+                  "with reply.tool_calls (native calls: id, name, arguments JSON text); ctx.tools lists the tools."),
     "regulate.py": "It must define regulate(state) -> Verdict(annotation='', stop=False, reason=''); "
                    "state has turn, max_turns, action, observation, history.",
 }

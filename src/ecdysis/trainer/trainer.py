@@ -89,7 +89,10 @@ class Trainer:
     def single_turn(self, harness: HarnessVersion) -> bool:
         """True when the harness offers none of the environment's tools (replay can regrade answers)."""
         offered = harness.manifest.tools
-        return not set(self.ws.env.tool_names) & set(self.ws.env.tool_names if offered is None else offered)
+        names = tuple(getattr(self.ws.env, "tool_names", ()))
+        if getattr(self.ws.env, "conversational", False):
+            return False
+        return not set(names) & set(names if offered is None else offered)
 
     def _role_model(self, role: str) -> MeteredModel:
         """This run's client for a role: the workspace's backend and cache, this run's accounting."""

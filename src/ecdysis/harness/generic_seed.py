@@ -1,0 +1,74 @@
+"""A working seed harness written from what an environment declares (its tools and instructions).
+
+Used by `ecdysis init DIR --env REF` and as the default harness of environments without a
+built-in seed. Schema tools get native function calling and the library's default H2
+(`native_realize`); H4 flags repeated identical calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .manifest import HarnessVersion, version_from_files
+
+REGULATE = '''"""H4: flag a repeated identical tool call; stop a loop of three."""
+
+from ecdysis.harness.api import StepState, Verdict
+
+
+def regulate(state: StepState) -> Verdict:
+    repeats = sum(1 for action, _ in state.history if action.key() == state.action.key())
+    if repeats >= 2:
+        return Verdict(stop=True, reason="the same call was repeated three times")
+    if repeats == 1:
+        return Verdict(annotation="(You already made this exact call. Use its result or do something else.)")
+    return Verdict()
+'''
+
+NATIVE_RULES = """Use the tools through function calls; never write a call as text. Call one tool at a time and
+read its result before the next step."""
+CONVERSATION_RULES = "Talk to the user in short plain sentences; ask for what you need, one thing at a time."
+FINAL_RULES = "When the task is done, reply in one short sentence without calling a tool."
+
+
+def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
+    """Seed harness files for `env` (an Environment; optional attributes: tools, instructions,
+    tool_calling, conversational, max_turns)."""
+    tools = tuple(getattr(env, "tools", ()) or ())
+    native = getattr(env, "tool_calling", "native" if any(t.parameters is not None for t in tools) else "text")
+    conversational = bool(getattr(env, "conversational", False))
+    instructions = (getattr(env, "instructions", "") or "").strip()
+    parts = [instructions or "You are an agent that completes the task below."]
+    if tools:
+        parts.append("Tools:\n{tools}")
+        parts.append(NATIVE_RULES if native == "native" else "Use the tools as described above.")
+    parts.append(CONVERSATION_RULES if conversational else FINAL_RULES)
+    max_turns = int(getattr(env, "max_turns", 30 if conversational else 10))
+    manifest = f'''name = "{env_name.replace(":", "-")}-seed"
+env = "{env_name}"
+mode = "layered"
+tool_calling = "{native}"
+description = "Seed harness written by `ecdysis init` from the environment's tools and instructions."
+
+[generation]
+temperature = 0.0
+max_tokens = 300
+
+[budget]
+max_turns = {max_turns}
+max_rejections = 2
+top_k_skills = 2
+
+[files]
+contract = "contract.md"
+skills = "skills.json"
+demos = "demos.json"
+action = ""
+regulate = "regulate.py"
+'''
+    return {"harness.toml": manifest, "contract.md": "\n\n".join(parts) + "\n", "skills.json": "[]\n",
+            "demos.json": "[]\n", "regulate.py": REGULATE}
+
+
+def generic_seed(env_name: str, env: Any) -> HarnessVersion:
+    return version_from_files(generic_seed_files(env_name, env), origin=f"<seed for {env_name}>")
