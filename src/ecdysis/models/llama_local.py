@@ -16,7 +16,7 @@ from typing import Any
 
 from .base import ChatRequest, ChatResponse, ModelConfigError, ModelError, Usage
 from .local_models import CATALOG, resolve_verified, sha256_file
-from .toolcalls import for_template, forced_call_schema, parse_reply_calls
+from .toolcalls import for_template, forced_call_schema, parse_reply_calls, tool_names_of
 
 _LOADED: dict[tuple[str, int, str], tuple[Any, threading.Lock]] = {}
 _LOAD_LOCK = threading.Lock()
@@ -110,8 +110,8 @@ class LlamaCppModel:
         usage = out.get("usage") or {}
         text, calls = choice["message"].get("content") or "", []
         if request.params.tools:
-            text, calls = parse_reply_calls(text, forced=forced_call_schema(request.params.tools,
-                                                                             request.params.tool_choice) is not None)
+            forced = forced_call_schema(request.params.tools, request.params.tool_choice) is not None
+            text, calls = parse_reply_calls(text, forced, tool_names_of(request.params.tools))
         return ChatResponse(
             text=text,
             tool_calls=calls,

@@ -21,7 +21,7 @@ from tenacity import (
 
 from .base import ChatRequest, ChatResponse, ModelError, ToolCall, Usage
 from .pricing import cost_usd
-from .toolcalls import call_id, split_tool_calls
+from .toolcalls import call_id, split_tool_calls, tool_names_of
 
 _SEMAPHORES: dict[tuple[str, int], asyncio.Semaphore] = {}
 
@@ -161,7 +161,7 @@ class OpenAICompatModel:
             calls.append(ToolCall(id=c.id or call_id(index, fn.name, fn.arguments or ""), name=fn.name,
                                   arguments=fn.arguments or "{}"))
         if not calls and request.params.tools:  # servers that return the template's text form
-            text, calls = split_tool_calls(text)
+            text, calls = split_tool_calls(text, tool_names_of(request.params.tools))
         return ChatResponse(
             text=text,
             tool_calls=calls,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .base import ChatRequest, ChatResponse, Message, Usage
-from .toolcalls import split_tool_calls
+from .toolcalls import split_tool_calls, tool_names_of
 
 Responder = Callable[[list[Message]], str]
 
@@ -45,7 +45,7 @@ class ScriptedModel:
         prompt_tokens = sum(len(m.content.split()) for m in request.messages)
         calls = []
         if request.params.tools:  # scripts write calls as a template would: <tool_call>{...}</tool_call>
-            text, calls = split_tool_calls(text)
+            text, calls = split_tool_calls(text, tool_names_of(request.params.tools))
         return ChatResponse(
             text=text,
             tool_calls=calls,

@@ -29,15 +29,36 @@ def _as_call(obj: Any, index: int) -> ToolCall | None:
     return ToolCall(id=call_id(index, obj["name"], text), name=obj["name"], arguments=text)
 
 
-def split_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+def _undouble(body: str) -> str:
+    """Qwen2.5's template shows the call as `{{"name": ...}}` (a literal in its Jinja string); models copy
+    it, often with unbalanced closing braces. Returns the first JSON object, or the text unchanged."""
+    body = body.strip()
+    while body.startswith("{{"):
+        body = body[1:]
+    try:
+        obj, end = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError:
+        return body
+    return json.dumps(obj) if not body[end:].strip(" \n}") else body
+
+
+def split_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
     """Remove `<tool_call>` blocks from `text`; return (remaining text, parsed calls).
 
-    A block that is not valid JSON is kept as a call with its raw text as `arguments` and the name
-    `""` only if no name can be read; callers validate it like any other call.
+    Also accepted: a reply that is nothing but the template's call object (tags omitted, braces
+    doubled as Qwen2.5's template prints them) naming one of `tool_names`. A tagged block that is
+    not valid JSON is kept as a call with its raw text as `arguments`; callers validate it.
     """
+    if tool_names and "<tool_call>" not in text:
+        try:
+            call = _as_call(json.loads(_undouble(text)), 0)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None and call.name in tool_names:
+            return "", [call]
     calls: list[ToolCall] = []
     for index, match in enumerate(_TAGGED.finditer(text)):
-        body = match.group(1).strip()
+        body = _undouble(match.group(1))
         try:
             call = _as_call(json.loads(body), index)
         except json.JSONDecodeError:
@@ -80,8 +101,12 @@ def forced_call_schema(tools: list[dict[str, Any]] | None, tool_choice: str | di
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def parse_reply_calls(text: str, forced: bool) -> tuple[str, list[ToolCall]]:
-    """Calls from a local model's reply: a forced reply is one JSON call; otherwise `<tool_call>` blocks."""
+def tool_names_of(tools: list[dict[str, Any]] | None) -> set[str]:
+    return {t["function"]["name"] for t in tools or []}
+
+
+def parse_reply_calls(text: str, forced: bool, tool_names: set[str]) -> tuple[str, list[ToolCall]]:
+    """Calls from a local model's reply: a forced reply is one JSON call; otherwise the template's form."""
     if forced:
         try:
             call = _as_call(json.loads(text), 0)
@@ -89,4 +114,4 @@ def parse_reply_calls(text: str, forced: bool) -> tuple[str, list[ToolCall]]:
             call = None
         if call is not None:
             return "", [call]
-    return split_tool_calls(text)
+    return split_tool_calls(text, tool_names)
