@@ -128,3 +128,35 @@ async def test_server_stopped_midway_gives_bounded_retries_then_clear_error(
     with pytest.raises(ModelError, match="after 3 attempts"):
         await model.chat(req("Anyone there?"))
     assert time.perf_counter() - start < 30
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+async def test_embedded_backend_produces_a_tool_call(smollm_path: Path) -> None:
+    model = build_model("local:smollm2-135m")
+    response = await model.chat(req("What is the weather in Paris?", max_tokens=40, tools=[WEATHER_TOOL],
+                                    tool_choice="required"))
+    assert len(response.tool_calls) == 1 and response.tool_calls[0].name == "get_weather"
+    assert isinstance(json.loads(response.tool_calls[0].arguments)["city"], str)
+
+
+async def test_http_backend_tool_call_against_real_llama_server(
+    llama_server: tuple[subprocess.Popen[bytes], str], tmp_path: Path,
+) -> None:
+    proc, base = llama_server
+    metered = MeteredModel(build_model(f"{base}::smol"), cache=ResponseCache(tmp_path / "c.sqlite"))
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    response = await metered.chat(req("Weather in Rome, please.", max_tokens=40, tools=[WEATHER_TOOL],
+                                      tool_choice=forced))
+    assert [c.name for c in response.tool_calls] == ["get_weather"]
+    assert "city" in json.loads(response.tool_calls[0].arguments)
+    again = await metered.chat(req("Weather in Rome, please.", max_tokens=40, tools=[WEATHER_TOOL],
+                                   tool_choice=forced))
+    assert again.cache_hit and again.tool_calls == response.tool_calls
+    other_tools = [{**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "description": "Weather now."}}]
+    changed = await metered.chat(req("Weather in Rome, please.", max_tokens=40, tools=other_tools,
+                                     tool_choice=forced))
+    assert not changed.cache_hit  # the tools are part of the cache key

@@ -99,11 +99,11 @@ class AgentSession:
         problem = validate(action, self.tools)
         if problem is not None:
             kind, observation = problem
-            self.traj.add("tool_error", self.turn, tool=action.tool, kind=kind, text=observation)
+            self.traj.add("tool_error", self.turn, tool=action.tool, error=kind, text=observation)
         else:
             observation = self.episode.step(action)
             if observation.startswith("Error"):
-                self.traj.add("tool_error", self.turn, tool=action.tool, kind="tool_error", text=observation[:300])
+                self.traj.add("tool_error", self.turn, tool=action.tool, error="tool_error", text=observation[:300])
         self.traj.add("observation", self.turn, text=observation)
         return observation
 

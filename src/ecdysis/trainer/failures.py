@@ -97,7 +97,7 @@ def tool_facts(traj: Trajectory) -> dict[str, Any]:
     offered = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters"))
                for t in (prompt[0].get("tools") or [] if prompt else [])]
     calls = [e for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")]
-    errors = Counter(e.get("kind", "tool_error") for e in traj.of_kind("tool_error"))
+    errors = Counter(e.get("error", "tool_error") for e in traj.of_kind("tool_error"))
     keys = Counter(f"{e['tool']}:{e.get('arguments') or e.get('input')}" for e in calls)
     in_text = sum(1 for r in traj.reply_records() if not r["tool_calls"] and offered
                   and calls_in_text(as_reply(r), tuple(offered)) is not None)
