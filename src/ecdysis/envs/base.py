@@ -11,8 +11,8 @@ An environment lives in two places, both in one plugin module:
 So neither harness code nor optimizer roles can read labels through the loop. An episode's
 `tools` are `ToolSpec`s (name, description, JSON-schema `parameters`); the library validates
 arguments against the schema before `step` runs. `grade` receives the final answer and the
-episode's `final_state()`, to which the library adds `conversation`: the messages of the episode
-(assistant text and tool calls, tool results, user turns).
+episode's `final_state()`, to which the library adds `conversation` (the messages of the episode:
+assistant text and tool calls, tool results, user turns) and `termination` (how it ended).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ class EvalSummary:
 
 def grade_safely(env: Environment, task: Task, traj: Trajectory) -> Score:
     """Grade in the host; a grader that raises scores 0 with the exception recorded."""
-    state = {**traj.final_state, "conversation": traj.conversation}
+    state = {**traj.final_state, "conversation": traj.conversation, "termination": traj.termination}
     try:
         return env.grade(task, traj.final_answer, state)
     except Exception as exc:  # noqa: BLE001 - a grader bug must not abort the batch
