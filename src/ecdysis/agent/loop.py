@@ -244,9 +244,9 @@ def _user_turn(user: UserFn | None, messages: list[dict[str, Any]], traj: Trajec
     result = user(_conversation(messages))
     if "error" in result:
         raise ModelFailure(f"user simulator: {result['error']}")
-    traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")))
+    traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")), reason=result.get("reason", ""))
     if result.get("stop"):
-        traj.termination = "user_stop"
+        traj.termination = "max_turns" if result.get("limit") else "user_stop"
         if result["text"]:
             messages.append({"role": "user", "content": result["text"]})
         return False

@@ -46,7 +46,7 @@ class UserSimulator:
     async def reply(self, conversation: list[dict[str, str]]) -> dict[str, Any]:
         """{"text", "stop", "usage", "latency_s", "cache_hit"} or {"error"}."""
         if self.turns >= self.max_turns:
-            return {"text": "", "stop": True, "reason": f"user turn limit ({self.max_turns}) reached"}
+            return {"text": "", "stop": True, "limit": True, "reason": f"user turn limit ({self.max_turns}) reached"}
         self.turns += 1
         try:
             response = await self.model.chat(self.request(conversation))
