@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from ecdysis.harness.tool_calls import action_of, openai_tools, validate
 from ecdysis.harness.api import ToolCall
+from ecdysis.harness.tool_calls import action_of, openai_tools, validate
 from ecdysis.models import ChatRequest, GenerationParams, Message, build_model
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "helpdesk"

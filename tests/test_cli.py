@@ -113,3 +113,19 @@ def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data
     rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [r["arm"] for r in rows] == ["fixed", "serial", "ecdysis"]
     assert (tmp_path / "cmp" / "compare.csv").read_text().count("\n") == 4
+
+
+def test_init_from_a_plugin_writes_a_native_seed_that_evaluates(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples" / "helpdesk"
+    missing = ecdysis("init", str(tmp_path / "x"), "--env", "no_such_module:env", cwd=tmp_path)
+    assert missing.returncode == 2 and "cannot import module 'no_such_module'" in missing.stdout
+    out = ecdysis("init", str(tmp_path / "proj"), "--env", "helpdesk_env:environment", cwd=example)
+    assert out.returncode == 0, out.stdout + out.stderr
+    manifest = (tmp_path / "proj" / "harness" / "harness.toml").read_text()
+    assert 'tool_calling = "native"' in manifest and 'env = "helpdesk_env:environment"' in manifest
+    assert "refund" in (tmp_path / "proj" / "harness" / "contract.md").read_text().lower()  # the plugin's policy
+    assert str(example) in (tmp_path / "proj" / "ecdysis.toml").read_text()  # plugin_path for the sandbox
+    out = ecdysis("eval", "-c", "proj/ecdysis.toml", "--model", "scripted:The customer is on the pro plan.",
+                  "--split", "train", "--run-dir", "r", cwd=tmp_path)  # from another folder: plugin_path works
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "answered=8" in out.stdout and "0.125" in out.stdout  # only the plan question is answered right

@@ -14,7 +14,8 @@ from ecdysis.store import RunStore
 from ecdysis.trainer.compare import ARMS, compare, write_results
 
 USELESS_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H3", "kind": "add_rule", "file": "",
-                "text": "Be careful with arithmetic.", "repair": "", "value": 0, "rationale": "care"}],
+                "text": "Be careful with arithmetic.", "repair": "", "value": 0,
+                "rationale": "P1 needs care, not a new repair"}],
                 "skills": [], "implementation_notes": "", "expected_effect": "none really"}
 
 

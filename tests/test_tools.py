@@ -146,6 +146,8 @@ async def test_training_aggregates_a_tool_call_failure_pattern_and_fixes_it(tmp_
     tool_pattern = next(p for p in patterns if "tool:invalid_arguments" in p["signatures"][0])
     assert tool_pattern["classification"] == "recurring" and len(tool_pattern["tasks"]) >= 2
     assert tool_pattern["layer"] == "H2" and tool_pattern["facts"]["tool_failures"]["invalid_arguments"] >= 2
-    assert any("coerce_types" in lever for lever in tool_pattern["levers"])
+    measured = {m["lever"]: m for m in tool_pattern["facts"]["measured_levers"]}
+    assert measured["enable_repair coerce_types"]["rescued_replies"] >= 2  # replayed: invalid calls now valid
+    assert measured["enable_repair coerce_types"]["lost"] == 0
     assert result.train_after > result.train_before
     assert "coerce_types" in ws.store.load_version(result.final_harness_id).files["repairs.json"]

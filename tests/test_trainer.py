@@ -46,7 +46,7 @@ def test_recurring_vs_isolated_classification() -> None:
     assert boxed.classification == "recurring" and len(boxed.tasks) == 5
     assert "4 distinct tasks" in boxed.reason and "only sometimes" in boxed.reason
     assert boxed.facts["expected_wrapper"] == {"boxed": 5} and boxed.layer == "H2"
-    assert any("boxed_answer" in lever for lever in boxed.levers)
+    assert any("measured repairs" in lever for lever in boxed.levers)  # repairs are measured, not guessed
     lone = next(p for p in patterns if p.tasks == ["t9"])
     assert lone.classification == "isolated" and "one task" in lone.reason
     assert "reasoning error" in lone.levers[0] and not any("boxed" in lever for lever in lone.levers)
@@ -217,7 +217,7 @@ def test_wrong_but_parsed_answers_get_no_format_repair_suggested() -> None:
     records = [failure_record(traj(f"t{i}", "Final Answer: 7", termination="answered"), 9) for i in range(4)]
     records.append(failure_record(traj("t8", "Final Answer: 7", rule="no-action"), 9))
     levers = suggest_levers(records)
-    assert not any("final_answer_anywhere" in lever for lever in levers)
-    assert any("parsed but is wrong" in lever for lever in levers)
+    assert not any("measured repairs" in lever for lever in levers)
+    assert any("parsed but is wrong" in lever and "model-level" in lever for lever in levers)
     rejected = [failure_record(traj(f"r{i}", "Final Answer: 7", rule="no-action"), 7) for i in range(3)]
-    assert any("final_answer_anywhere" in lever for lever in suggest_levers(rejected))
+    assert any("measured repairs" in lever for lever in suggest_levers(rejected))

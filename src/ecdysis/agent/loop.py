@@ -44,10 +44,11 @@ def load_module(path: Path, name: str) -> ModuleType:
 
 
 def render_tools(tools: tuple[ToolSpec, ...]) -> str:
+    """One line per tool; schema tools show their argument names: `- name(a, b): description`."""
     lines = []
     for t in tools:
-        args = ", ".join((t.parameters or {}).get("properties", {})) if t.parameters is not None else ""
-        lines.append(f"- {t.name}({args}): {t.description}" if t.parameters is not None else f"- {t.name}: {t.description}")
+        signature = t.name if t.parameters is None else f"{t.name}({', '.join(t.parameters.get('properties', {}))})"
+        lines.append(f"- {signature}: {t.description}")
     return "\n".join(lines) or "(no tools: answer directly)"
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 

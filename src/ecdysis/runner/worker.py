@@ -99,6 +99,7 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
     from ..harness.api import ActionContext, ToolSpec
     from ..harness.manifest import version_from_files
     from ..harness.repairs import REPAIRS_FILE, parse_repairs
+    from ..harness.tool_calls import validate
 
     try:
         harness_dir = Path.cwd() / "harness"
@@ -120,7 +121,8 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
                 if realized.reject is not None:
                     out.append({"reject": realized.reject.rule})
                 else:
-                    out.append({"actions": [{"tool": a.tool, "input": a.input, "arguments": a.arguments}
+                    out.append({"actions": [{"tool": a.tool, "input": a.input, "arguments": a.arguments,
+                                             "invalid": (validate(a, tools) or (None,))[0]}
                                             for a in realized.actions], "repairs": realized.repairs})
             results.append(out)
         return {"results": results}

@@ -34,9 +34,12 @@ class ReplayReport:
     gained: list[str] = field(default_factory=list)  # failing tasks that would pass
     unchanged: int = 0
     unknown: int = 0
+    changed: list[str] = field(default_factory=list)  # failing multi-turn tasks that would act differently
+    rescued: dict[str, int] = field(default_factory=dict)  # task -> rejected replies that now realize
+    raw: list[list[dict[str, Any]]] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return self.__dict__.copy()
+        return {k: v for k, v in self.__dict__.items() if k != "raw"}
 
 
 def check_static(old: HarnessVersion, files: dict[str, str], train_tasks: list[Task]) -> HarnessVersion:
@@ -106,15 +109,35 @@ def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task]) -> lis
              "conversational": tasks[t.task_id].user_scenario is not None} for t in trajectories]
 
 
-async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> ReplayReport:
-    """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost."""
+def _invalid(realized: dict[str, Any]) -> int:
+    return sum(1 for a in realized.get("actions", []) if a.get("invalid"))
+
+
+def _better(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """A replayed reply improved: a rejection now realizes, or fewer of its calls fail validation."""
+    if "reject" in old:
+        return "actions" in new
+    return "actions" in new and _invalid(new) < _invalid(old)
+
+
+async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
+                        tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool,
+                        baseline: list[list[dict[str, Any]]] | None = None) -> ReplayReport:
+    """Re-realize every stored reply with the candidate's H2 (sandboxed, no model calls) and say which
+    tasks it would gain or lose. Single-turn tasks are regraded; a changed multi-turn episode is a loss
+    if it passed (it would act differently) and `unknown` otherwise. With `baseline` (the current
+    harness's replay), `rescued` counts replies per task that were rejected and now realize an action.
+    Raises CheckFailed if the candidate's code fails."""
     result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks), limits)
     if "error" in result:
         raise CheckFailed(f"replay failed: {result['error'].strip().splitlines()[-1]}")
     report = ReplayReport()
     budget = candidate.manifest.budget.max_rejections
-    for traj, realized in zip(trajectories, result["results"], strict=True):
+    for index, (traj, realized) in enumerate(zip(trajectories, result["results"], strict=True)):
+        if baseline is not None:
+            rescued = sum(1 for old, new in zip(baseline[index], realized, strict=False) if _better(old, new))
+            if rescued:
+                report.rescued[traj.task_id] = report.rescued.get(traj.task_id, 0) + rescued
         original = [(e["tool"], e["input"], e.get("arguments")) for e in traj.of_kind("action")]
         new_actions = [(a["tool"], a["input"], a.get("arguments")) for r in realized for a in r.get("actions", [])]
         if new_actions == original and (not original or all("actions" in r for r in realized)):
@@ -140,6 +163,15 @@ async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory]
             report.lost.append(traj.task_id)  # a passing multi-turn episode would act differently
         else:
             report.unknown += 1
+            report.changed.append(traj.task_id)
+    report.raw = result["results"]
+    return report
+
+
+async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
+                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> ReplayReport:
+    """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost."""
+    report = await replay_report(candidate, trajectories, env, tasks, limits, single_turn)
     if report.lost:
         raise CheckFailed(f"replay: the change would lose {len(report.lost)} passing task(s) "
                           f"(e.g. {report.lost[0]}); gained {len(report.gained)}")

@@ -8,6 +8,7 @@ mid-debate without repeating finished calls.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
@@ -21,6 +22,7 @@ from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .failures import Pattern
+from .levers import verified
 from .spec import HarnessSpec, SpecError, parse_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
@@ -46,13 +48,33 @@ def harness_summary(version: HarnessVersion) -> str:
     return "\n\n".join(parts)
 
 
+def _measured_text(p: Pattern) -> list[str]:
+    lines = []
+    measured = p.facts.get("measured_levers") or []
+    if measured:
+        lines.append("  MEASURED on the stored replies (replayed, zero model calls):")
+        for m in measured:
+            lines.append(f"    {m['lever']}: +{m['gained']} task(s) of this pattern, -{m['lost']} passing task(s) "
+                         f"lost, {m['rescued_replies']} rejected repl(ies) now accepted")
+    elif "measured_levers" in p.facts:
+        lines.append("  MEASURED: no built-in repair gains a task of this pattern (do not propose one)")
+    if p.facts.get("needs_model_calls"):
+        lines.append("  needs agent runs to know: " + "; ".join(p.facts["needs_model_calls"][:3]))
+    return lines
+
+
 def patterns_text(patterns: list[Pattern], max_evidence: int = 2) -> str:
+    """Recurring patterns, ranked by what the harness can fix (the order the roles should follow)."""
     recurring = [p for p in patterns if p.classification == "recurring"]
     lines: list[str] = []
     for p in recurring:
-        lines.append(f"{p.id} ({p.layer}, {len(p.tasks)} tasks, {p.support} failures): {p.name}")
-        lines.append(f"  facts: {json.dumps(p.facts)}")
-        lines.append(f"  suggested levers: {'; '.join(p.levers)}")
+        fixable = p.facts.get("fixable_by", "")
+        lines.append(f"{p.id} ({p.layer}, {len(p.tasks)} tasks, {p.support} failures"
+                     f"{', fixable by: ' + fixable if fixable else ''}): {p.name}")
+        facts = {k: v for k, v in p.facts.items() if k not in ("measured_levers", "needs_model_calls", "fixable_by")}
+        lines.append(f"  facts: {json.dumps(facts)}")
+        lines.extend(_measured_text(p))
+        lines.append(f"  other levers: {'; '.join(p.levers)}")
         for ev in p.evidence[:max_evidence]:
             reply = ev["last_reply"][-300:].replace("\n", " ")
             lines.append(f"  example: reply ends '...{reply}' | parsed answer={ev['final_answer']!r} | {ev['detail']}")
@@ -73,6 +95,22 @@ def levers_text() -> str:
         "- set_max_tokens: change the reply length limit\n"
         "- edit_code (H2/H4): rewrite action.py or regulate.py (risky; verified by replay)"
     )
+
+
+def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
+    """The reason to send a spec back once: it leaves out a measured zero-loss lever of a recurring
+    pattern without naming that pattern in any rationale."""
+    enabled = {c.repair for c in spec.changes if c.kind == "enable_repair"}
+    said = " ".join(c.rationale for c in spec.changes) + " " + spec.implementation_notes
+    for p in patterns:
+        best = verified(p) if p.classification == "recurring" else None
+        if best is None:
+            continue
+        names = best["lever"].removeprefix("enable_repair ").split("+")
+        if not set(names) & enabled and not re.search(rf"\b{p.id}\b", said):
+            return (f"{p.id} has a measured lever that gains {best['gained']} task(s) and loses none "
+                    f"({best['lever']}); include it, or say in a rationale why {p.id} should not get it")
+    return None
 
 
 @dataclass
@@ -128,11 +166,13 @@ class SpecWriter:
         raw: list[str] = []
         history: list[Message] = []
         error = ""
-        for _attempt in range(2):  # the spec, then one repair with the error shown
+        for attempt in range(2):  # the spec, then one repair with the error shown
             text, finish = await self._say(writer, prompt, schema=spec_json_schema(), history=history)
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
+                if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns)):
+                    raise SpecError(ignored)
             except SpecError as exc:
                 error = str(exc)
                 if finish == "length":

@@ -13,6 +13,7 @@ from ..harness.manifest import HarnessVersion
 from .failures import FailureRecord, Pattern, failure_record, suggest_levers
 from .fdcr import SpecWriter
 from .implement import Implementer
+from .levers import Measurement, attach
 from .spec import HarnessSpec
 from .trainer import Trainer
 
@@ -33,7 +34,7 @@ class SerialTrainer(Trainer):
     async def _round(self, r: int, current: HarnessVersion) -> dict[str, Any]:
         key = f"r{r}"
         summary = await self._evaluate(current, f"{key}/collect")
-        trajectories, patterns = self._patterns(summary)
+        trajectories, patterns = await self._grounded_patterns(key, current, summary)
         self.view.round(r, current.id, summary.accuracy, patterns)
         record: dict[str, Any] = {"round": r, "harness_before": current.id, "harness_after": current.id,
                                   "train_score": summary.accuracy, "accepted": False, "patterns": len(patterns),
@@ -70,6 +71,10 @@ class SerialTrainer(Trainer):
         if not failing:
             return {"task": task_id, "accepted": False, "attempted": False, "reason": "passes with the current harness"}
         pattern = single_failure_pattern(failure_record(failing[0], gold[task_id]))
+        measured = self.store.get_record(self.run_id, "measurements", key.split("/")[0]) or []
+        tasks = {t.id: t for t in self.train_tasks}
+        (pattern,) = attach([pattern], [Measurement(**{k: v for k, v in m.items() if k != "lever"})
+                                        for m in measured], latest or trajectories, tasks)
         writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
         outcome = await self._timed(f"{key}/spec", lambda: writer.write(
             key, current, [pattern], 0, debate=False, earlier=self.earlier_edits(task_id)))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
@@ -97,6 +98,28 @@ def spec_json_schema() -> dict[str, Any]:
     }
 
 
+_INTERNALS = re.compile(r"\b(H[1-5]|harness|layers?|levers?|repairs?|pars(?:e|er|ers|ing)|realiz\w*|regex\w*|"
+                        r"action\.py|regulate\.py|contract\.md|P\d+)\b", re.IGNORECASE)
+_THIRD_PERSON = re.compile(r"\bthe (agent|model|assistant|llm)\b", re.IGNORECASE)
+_DEBATE = re.compile(r"\b(analyst|critic|engineer|moderator|I agree|we should|the proposal|proposed change)\b",
+                     re.IGNORECASE)
+
+
+def agent_text_problem(text: str) -> str | None:
+    """Why a rule or tip would not make sense to the agent, or None. It must be non-empty, addressed to
+    the agent, about the task: no harness internals (layers, levers, repairs, parsing), no debate prose."""
+    if not text.strip():
+        return "is empty"
+    if (m := _INTERNALS.search(text)) is not None:
+        return (f"talks about harness internals ({m.group(0)!r}); the agent reads it: say what the agent "
+                "should do in the task, not how the harness works")
+    if (m := _DEBATE.search(text)) is not None:
+        return f"copies debate prose ({m.group(0)!r}); write only the instruction itself"
+    if (m := _THIRD_PERSON.search(text)) is not None:
+        return f"speaks about {m.group(0)!r}; address the agent directly as 'you'"
+    return None
+
+
 def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> HarnessSpec:
     """Parse and check a spec against the harness and the patterns. Raises SpecError saying what is wrong."""
     try:
@@ -111,13 +134,16 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
         where = f"changes[{i}] ({c.kind})"
         if c.kind == "enable_repair" and c.repair not in REPAIRS:
             problems.append(f"{where}: repair must be one of {sorted(REPAIRS)}")
-        if c.kind in ("add_rule", "add_skill") and not c.text.strip():
-            problems.append(f"{where}: text is empty")
+        if c.kind in ("add_rule", "add_skill") and (why := agent_text_problem(c.text)):
+            problems.append(f"{where}: the text {why}")
         if c.kind == "edit_code" and (c.file not in harness.files or not c.file.endswith(".py")):
             py = sorted(f for f in harness.files if f.endswith(".py"))
             problems.append(f"{where}: file must be one of the harness's Python files {py}")
         if c.kind == "set_max_tokens" and not 16 <= c.value <= 4096:
             problems.append(f"{where}: value must be between 16 and 4096")
+    for i, skill in enumerate(spec.skills):
+        if why := agent_text_problem(skill.tip):
+            problems.append(f"skills[{i}]: the tip {why}")
     if problems:
         raise SpecError("; ".join(problems))
     return spec

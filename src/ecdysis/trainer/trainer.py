@@ -24,6 +24,7 @@ from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
 from .fdcr import DEBATE_ROLES, SpecWriter
 from .implement import Implementer
+from .levers import attach, measure_repairs, measurement_records
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -124,11 +125,26 @@ class Trainer:
         failures = [failure_record(t, gold[t.task_id]) for t in trajectories if t.score < threshold]
         return trajectories, aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern)
 
+    async def _grounded_patterns(self, key: str, current: HarnessVersion,
+                                 summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
+        """Aggregate, then measure every built-in repair on the stored replies and rank the patterns
+        (stored per round, so a resumed run reads them back)."""
+        trajectories, patterns = self._patterns(summary)
+        stored = self.store.get_record(self.run_id, "patterns", key)
+        if stored is not None:
+            return trajectories, [Pattern(**d) for d in stored]
+        tasks = {t.id: t for t in self.train_tasks}
+        measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
+            current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current)))
+        self.store.put_record(self.run_id, "measurements", key, measurement_records(measurements))
+        patterns = attach(patterns, measurements, trajectories, tasks)
+        self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
+        return trajectories, patterns
+
     async def _round(self, r: int, current: HarnessVersion) -> dict[str, Any]:
         key = f"r{r}"
         summary = await self._evaluate(current, f"{key}/collect")
-        trajectories, patterns = self._patterns(summary)
-        self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
+        trajectories, patterns = await self._grounded_patterns(key, current, summary)
         self.view.round(r, current.id, summary.accuracy, patterns)
         record: dict[str, Any] = {"round": r, "harness_before": current.id, "harness_after": current.id,
                                   "train_score": summary.accuracy, "accepted": False,

@@ -1,0 +1,96 @@
+"""Grounded diagnosis with scripted roles: measured levers, specs sent back for ignoring them, rules
+about harness internals refused, and a library-proposed demonstration tested by acceptance."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from helpers import Roles, make_ws, seed_with
+
+from ecdysis.models import Message, ScriptedModel
+from ecdysis.trainer import train_async
+from ecdysis.trainer.spec import SpecError, parse_spec
+
+RULE_SPEC = {"patterns_addressed": ["P1"], "changes": [
+    {"layer": "H3", "kind": "add_rule", "file": "", "text": "Show your work.", "repair": "", "value": 0,
+     "rationale": "more care"}], "skills": [], "implementation_notes": "", "expected_effect": "better answers"}
+DEMO_SPEC = {"patterns_addressed": ["P1"], "changes": [
+    {"layer": "H5", "kind": "add_demo", "file": "", "text": "a worked example", "repair": "", "value": 0,
+     "rationale": "P1 is a model-level error; show one solved task"}],
+    "skills": [], "implementation_notes": "", "expected_effect": "right answers"}
+
+
+def numbers(messages: list[Message]) -> tuple[int, int]:
+    a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
+    return a, b
+
+
+def prose(messages: list[Message]) -> str:
+    a, b = numbers(messages)
+    return f"Adding {a} and {b} carefully, the answer is {a + b}."
+
+
+async def test_prose_rejections_get_a_measured_repair_and_a_spec_ignoring_it_is_sent_back(tmp_path) -> None:
+    roles = Roles(spec=RULE_SPEC)
+    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1")
+    result = await train_async(ws.config, "ecdysis", ws=ws)
+    (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
+    assert p1["id"] == "P1" and p1["classification"] == "recurring" and p1["facts"]["fixable_by"] == "verified harness lever"
+    measured = {m["lever"]: m for m in p1["facts"]["measured_levers"]}
+    assert measured["enable_repair answer_phrase"]["gained"] == 6 and measured["enable_repair answer_phrase"]["lost"] == 0
+    assert "enable_repair boxed_answer" not in measured  # replayed: no box in any reply, so no gain, not listed
+    runs = ws.store.records(result.run_id, "measurements")[0][1]
+    assert {m["lever"] for m in runs} >= {"enable_repair answer_phrase", "enable_repair boxed_answer"}
+    assert all(m["lost"] == [] for m in runs if m["lever"] == "enable_repair answer_phrase")
+    assert roles.calls[6:] == ["MODERATOR", "SINGLE"]  # the rule-only spec was sent back once (repair prompt)
+    transcript = ws.store.get_record(result.run_id, "transcript", "r1")
+    assert transcript[-1]["role"] == "moderator"
+    prompts = [m for m in ws.backends["moderator|scripted:agent"].calls]
+    repair_prompt = prompts[-1].messages[-1].content
+    assert "measured lever that gains 6 task(s) and loses none" in repair_prompt
+    assert "MEASURED on the stored replies" in prompts[0].messages[-1].content
+
+
+def test_rules_about_harness_internals_or_in_third_person_are_refused() -> None:
+    harness = seed_with("gsm8k")
+    bad = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "Modify the H2 parsing rule to accept "
+                                      "'the answer is N' as valid answers"}]}
+    with pytest.raises(SpecError, match="harness internals"):
+        parse_spec(json.dumps(bad), harness, {"P1"})
+    third = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "The agent must end with Answer: N."}]}
+    with pytest.raises(SpecError, match="address the agent directly"):
+        parse_spec(json.dumps(third), harness, {"P1"})
+    debate = {**RULE_SPEC, "skills": [{"id": "s", "trigger": "*", "tip": "I agree with the analyst: check sums."}]}
+    with pytest.raises(SpecError, match="debate prose"):
+        parse_spec(json.dumps(debate), harness, {"P1"})
+    ok = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "End your reply with a line Answer: N."}]}
+    assert parse_spec(json.dumps(ok), harness, {"P1"}).changes[0].text.startswith("End your reply")
+
+
+def learner(follows_demo: bool) -> ScriptedModel:
+    """Wrong (but well-formed) answers, except for the task with a 0; right ones once a demo is shown."""
+
+    def respond(messages: list[Message]) -> str:
+        a, b = numbers(messages)
+        demo_shown = sum(m.role == "assistant" for m in messages) > 0
+        right = a == 0 or (follows_demo and demo_shown)
+        return f"Answer: {a + b if right else a + b + 1}"
+
+    return ScriptedModel(respond, name=f"learner-{follows_demo}")
+
+
+@pytest.mark.parametrize("follows_demo", [True, False])
+async def test_model_level_pattern_gets_a_demo_candidate_decided_by_acceptance(tmp_path, follows_demo) -> None:
+    ws = make_ws(tmp_path, Roles(spec=DEMO_SPEC), learner(follows_demo), "train.rounds=1")
+    result = await train_async(ws.config, "ecdysis", ws=ws)
+    (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
+    assert p1["facts"]["fixable_by"].startswith("model-level") and p1["facts"]["measured_levers"] == []
+    assert any("add_demo (library-bootstrapped from passing training task q0" in x
+               for x in p1["facts"]["needs_model_calls"])
+    decision = ws.store.get_record(result.run_id, "decision", "r1")
+    candidate = ws.store.load_version(decision["candidate"])
+    assert "Answer: 3" in candidate.files["demos.json"]  # bootstrapped from the passing task q0 (0 + 3)
+    assert decision["accepted"] is follows_demo
+    assert (result.train_after > result.train_before) is follows_demo
