@@ -6,6 +6,8 @@ name (`api_key_env`).
 
 from __future__ import annotations
 
+import difflib
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -138,7 +140,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} should look like section.key=value")
-        parts = key.strip().split(".")
+        parts = [p.strip('"') for p in re.findall(r'"[^"]*"|[^.]+', key.strip())]  # quoted parts may hold dots
         node = data
         for part in parts[:-1]:
             node = node.setdefault(part, {})
@@ -146,6 +148,26 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
                 raise ConfigError(f"override {item!r}: {part} is not a section")
         node[parts[-1]] = _parse_value(value.strip())
     return data
+
+
+def _unknown_keys(data: dict[str, Any], model: type[BaseModel], where: str) -> list[str]:
+    """Keys of `data` that `model` does not define, each with the nearest valid name if there is one."""
+    problems: list[str] = []
+    fields = model.model_fields
+    for key, value in data.items():
+        if key not in fields:
+            near = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
+            hint = f"; did you mean {where}{near[0]}?" if near else f"; valid keys here: {', '.join(fields)}"
+            problems.append(f"unknown key {where}{key}{hint}")
+            continue
+        annotation = fields[key].annotation
+        if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            problems += _unknown_keys(value, annotation, f"{where}{key}.")
+    if model is Config and isinstance(data.get("model_settings"), dict):
+        for ref, settings in data["model_settings"].items():
+            if isinstance(settings, dict):
+                problems += _unknown_keys(settings, ModelSettings, f'model_settings."{ref}".')
+    return problems
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -167,6 +189,9 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
         env = data.setdefault("env", {})
         env["plugin_path"] = [str(base / p) for p in env.get("plugin_path", [])] + [str(base)]
     apply_overrides(data, overrides or [])
+    problems = _unknown_keys(data, Config, "")
+    if problems:
+        raise ConfigError(f"{path or 'config'}: " + "; ".join(problems))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

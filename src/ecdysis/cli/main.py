@@ -105,6 +105,9 @@ def init(
     env: Annotated[str, typer.Option(help="Built-in name (gsm8k, dbbench, tau2-retail, ...) or "
                                           "package.module:factory of your own environment.")] = "gsm8k",
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding the task data.")] = None,
+    tasks_file: Annotated[Path | None, typer.Option("--tasks", help="Your JSONL tasks (env jsonl).")] = None,
+    grader: Annotated[str | None, typer.Option(help="Grader (env jsonl): exact | normalized | numeric | choice | "
+                                                    "regex | contains | module:function | file.py:function")] = None,
     force: bool = False,
 ) -> None:
     """Write a working seed harness and a ready config (ecdysis.toml) next to it.
@@ -118,6 +121,27 @@ def init(
     harness_dir = directory / "harness"
     if harness_dir.exists() and not force:
         fail(f"{harness_dir} already exists (use --force to overwrite)")
+    options = ""
+    if env == "jsonl":
+        if tasks_file is None:
+            fail("the jsonl environment needs your task file: ecdysis init DIR --env jsonl --tasks FILE "
+                 "[--grader exact|normalized|numeric|choice|regex|contains|module:function|file.py:function]")
+            return
+        try:  # fail now, not at the first eval: the file must load and the grader must import
+            from ..envs.jsonl_suite import from_options
+
+            tasks_path = tasks_file.resolve()
+            suite = from_options(path=str(tasks_path), grader=grader or "normalized", search=[Path.cwd()])
+            counts = {split: len(suite.tasks(split)) for split in ("train", "val", "test")}
+        except USER_ERRORS as exc:
+            fail(str(exc))
+            return
+        grader_ref = grader or "normalized"
+        if grader_ref.partition(":")[0].endswith(".py") and not Path(grader_ref.partition(":")[0]).is_absolute():
+            grader_ref = f"{(Path.cwd() / grader_ref.partition(':')[0]).resolve()}:{grader_ref.partition(':')[2]}"
+        options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
+        console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
+                      f"tasks; grader {grader_ref}[/]")
     try:
         seed = seed_harness_dir(env)
         shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -134,7 +158,7 @@ def init(
             (harness_dir / rel).write_text(text)
         env_path = f"plugin_path = [{json.dumps(root)}]\n" if root else ""
     else:
-        env_path = ""
+        env_path = options
     config_path = directory / "ecdysis.toml"
     if not config_path.exists() or force:
         template = (Path(__file__).parent.parent / "prompts" / "config_template.toml").read_text()
@@ -159,7 +183,8 @@ def eval_cmd(
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
     tasks_file: Annotated[Path | None, typer.Option("--tasks", help="JSONL tasks (env jsonl).")] = None,
-    grader: Annotated[str | None, typer.Option(help="module:function grader (env jsonl).")] = None,
+    grader: Annotated[str | None, typer.Option(help="Grader (env jsonl): a built-in name, module:function "
+                                                    "or file.py:function.")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Episodes in parallel.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per task.")] = None,
 ) -> None:

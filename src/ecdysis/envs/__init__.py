@@ -14,6 +14,7 @@ imports the same module and calls its `make_episode(public, options)`. See `envs
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -87,6 +88,8 @@ def get_environment(name: str, data_dir: Path | None = None, seed: int = 0, sear
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UnknownEnvironmentError(f"environment {name!r}: {module.__name__} has no callable {attr!r}")
+    if "search" in inspect.signature(factory).parameters:
+        options = {**options, "search": list(search or [])}
     return factory(data_dir=data_dir, seed=seed, **options)
 
 

@@ -1,19 +1,18 @@
-"""Bring-your-own single-turn tasks: a JSONL file plus a grader function referenced from config.
+"""Bring-your-own single-turn tasks: a JSONL file plus a grader (see `graders.py`).
 
 Each line: {"id": "...", "prompt": "...", "answer": <anything JSON>, "split": "train|val|test"?}.
-The grader is `module:function` with signature (answer: str | None, gold) -> float | bool, and
-runs in the host. Lines without a split are partitioned train/val/test by a seeded hash.
+The grader runs in the host; one that raises scores that task 0 with the exception recorded.
+Lines without a split are partitioned train/val/test by a seeded hash.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .graders import Grader, load_grader
 from .base import (
     SPLITS,
     NoToolEpisode,
@@ -25,31 +24,13 @@ from .base import (
     require,
 )
 
-Grader = Callable[[str | None, Any], float | bool]
-
-
-def load_grader(ref: str) -> Grader:
-    module_name, sep, attr = ref.partition(":")
-    if not sep:
-        raise ValueError(f"grader {ref!r} should look like 'package.module:function'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"cannot load grader {ref!r}: {exc}") from exc
-    if not callable(fn):
-        raise ValueError(f"grader {ref!r} is not callable")
-    return fn
-
-
-def exact_match(answer: str | None, gold: Any) -> bool:
-    return answer is not None and answer.strip().lower() == str(gold).strip().lower()
-
-
 @dataclass
 class JsonlSuite:
     path: Path
-    grader: str = "ecdysis.envs.jsonl_suite:exact_match"
+    grader: str = "normalized"
     seed: int = 0
+    search: list[Path] = field(default_factory=list)  # where user graders are imported from
+    tolerance: float | None = None  # the numeric grader's relative tolerance
     fractions: tuple[float, float] = (0.6, 0.2)  # train, val; the rest is test
     tool_names: tuple[str, ...] = ()
     name: str = "jsonl"
@@ -86,17 +67,28 @@ class JsonlSuite:
 
     def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:
         if self._grader_fn is None:
-            self._grader_fn = load_grader(self.grader)
-        value = float(self._grader_fn(answer, task.gold))
+            self._grader_fn = load_grader(self.grader, self.search, self.tolerance)
+        try:
+            value = float(self._grader_fn(answer, task.gold))
+        except Exception as exc:  # noqa: BLE001 - one odd answer must not abort the batch
+            return Score(0.0, False, f"grader {self.grader} raised {type(exc).__name__}: {exc}",
+                         {"grader_error": repr(exc)})
         return Score(value, value >= 1.0, f"grader {self.grader} gave {value:g}")
 
 
 def from_options(data_dir: Path | None = None, seed: int = 0, path: str | None = None,
-                 grader: str = JsonlSuite.grader, **_: Any) -> JsonlSuite:
-    """Factory for `env.name = "jsonl"`: needs `env.options.path` (or `--tasks FILE`)."""
+                 grader: str = JsonlSuite.grader, search: list[Path] | None = None,
+                 tolerance: float | None = None, **unknown: Any) -> JsonlSuite:
+    """Factory for `env.name = "jsonl"`: needs `env.options.path` (or `--tasks FILE`). The grader is
+    loaded now, so a wrong reference fails before any episode runs."""
+    if unknown:
+        raise ValueError(f"the jsonl environment has no option(s) {sorted(unknown)}; "
+                         "options: path, grader, tolerance")
     if not path:
         raise ValueError("the jsonl environment needs a task file: --tasks FILE (or env.options.path)")
-    return JsonlSuite(path=Path(path), grader=grader, seed=seed)
+    suite = JsonlSuite(path=Path(path), grader=grader, seed=seed, search=list(search or []), tolerance=tolerance)
+    suite._grader_fn = load_grader(grader, suite.search, tolerance)
+    return suite
 
 
 def make_episode(public: dict[str, Any], options: dict[str, Any]) -> NoToolEpisode:
