@@ -97,6 +97,11 @@ class TrainSection(BaseModel):
     debate_passes: int = 2
     failure_threshold: float = 1.0  # a trajectory scoring below this is a failure
     acceptance: Literal["strict", "tolerance", "noise-aware"] = "strict"
+    # where edits are accepted: "val" (held out from every optimizer role), "train" (the tasks the failures
+    # were diagnosed on), or "auto": val when the environment has at least min_val_tasks val tasks
+    accept_on: Literal["auto", "val", "train"] = "auto"
+    val_limit: int | None = 20
+    min_val_tasks: int = 4
     tolerance: float = 0.05
     implement_attempts: int = 4
     implementer_command: str | None = None  # external coding agent: runs in a copy of the harness dir

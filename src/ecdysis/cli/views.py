@@ -52,6 +52,11 @@ def train_summary(console: Console, r: Any) -> None:
                       f"{verdict}: {rec.get('reason', '')}")
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
+    rule = r.accept_rule
+    table.add_row("edits decided on", f"{rule['accept_on']} ({rule['tasks']} tasks, {rule['rule']}): {rule['why']}")
+    table.add_row("train accuracy", f"{r.train_before:.3f} -> {r.train_after:.3f}")
+    if r.val_before is not None:
+        table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")
     if r.test_before:
         table.add_row("test accuracy (seed)", f"{r.test_before['accuracy']:.3f} on {r.test_before['n_tasks']} tasks")
     if r.test_after:
@@ -78,7 +83,8 @@ def compare_table(console: Console, results: list[Any]) -> None:
         ("optimizer calls", lambda r: str(r.optimizer_calls)), ("optimizer tokens", lambda r: str(r.optimizer_tokens)),
         ("agent tokens", lambda r: str(r.agent_tokens)),
         ("edits accepted/rejected", lambda r: f"{r.accepted_edits}/{r.rejected_edits}"),
-        ("train acc", lambda r: _fmt(r.train_acc)), ("test acc", lambda r: _fmt(r.test_acc)),
+        ("train acc", lambda r: _fmt(r.train_acc)), ("val acc", lambda r: _fmt(r.val_acc)),
+        ("test acc", lambda r: _fmt(r.test_acc)),
         ("pass@k", lambda r: _fmt(r.pass_at_k)), ("pass^k", lambda r: _fmt(r.pass_hat_k)),
         ("gap (train - test)", lambda r: _fmt(r.gap)),
         ("speed-up vs serial", lambda r: _fmt(r.speedup_vs_serial, ".2f")),

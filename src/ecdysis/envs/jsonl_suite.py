@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .graders import Grader, load_grader
 from .base import (
     SPLITS,
     NoToolEpisode,
@@ -23,6 +22,8 @@ from .base import (
     read_jsonl,
     require,
 )
+from .graders import Grader, load_grader
+
 
 @dataclass
 class JsonlSuite:

@@ -38,7 +38,9 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
     trainer_class = SerialTrainer if arm == "serial" else Trainer
     trainer = trainer_class(ws, run_id, arm, TrainView(console, enabled=console is not None))
     final, rounds, stop = await trainer.train(seed)
+    executions = ws.store.count_trajectories(run_id, "train") + ws.store.count_trajectories(run_id, "val")
     frozen, test_before, test_after = await trainer.freeze_and_test(seed, final)
+    val_before, val_after = await trainer.val_scores(seed, final)
     timings = dict(ws.store.records(run_id, "timing"))
     calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
     optimizer = [row for role, row in calls.items() if role != "agent"]
@@ -48,10 +50,11 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
         run_id=run_id, arm=arm, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
         rounds=rounds, stop_reason=stop,
         train_before=rounds[0]["train_score"] if rounds else 0.0,
-        train_after=_train_after(ws, trainer, final),
+        train_after=_train_after(ws, trainer, final), val_before=val_before, val_after=val_after,
+        accept_rule=trainer.accept_rule,
         test_before=test_before, test_after=test_after,
-        wall_s=sum(v for k, v in timings.items() if k.startswith("r")),
-        agent_executions=ws.store.count_trajectories(run_id, "train"),
+        wall_s=sum(v for k, v in timings.items() if k.startswith("r")),  # training only, not val/test reporting
+        agent_executions=executions,
         optimizer_calls=sum(row["calls"] for row in optimizer),
         optimizer_tokens=sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in optimizer),
         agent_tokens=agent_tokens, timings=timings,

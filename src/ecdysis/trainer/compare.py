@@ -39,6 +39,7 @@ class ArmResult:
     accepted_edits: int = 0
     rejected_edits: int = 0
     train_acc: float = 0.0
+    val_acc: float | None = None
     test_acc: float = 0.0
     pass_at_k: float = 0.0
     pass_hat_k: float = 0.0
@@ -109,6 +110,7 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
                         result.optimizer_tokens, result.agent_tokens, accepted, len(edits) - accepted,
                         result.train_after, test.get("accuracy", 0.0), test.get("pass_at_k", 0.0),
                         test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id)
+        out.val_acc = result.val_after
         version = ws.store.load_version(result.final_harness_id)
     else:
         run_id = ws.store.start_run("compare-arm", {"arm": arm, "seed": seed},

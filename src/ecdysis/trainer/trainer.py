@@ -43,6 +43,9 @@ class TrainResult:
     stop_reason: str
     train_before: float
     train_after: float
+    val_before: float | None  # None when the environment has no val tasks
+    val_after: float | None
+    accept_rule: dict[str, Any]
     test_before: dict[str, Any] | None
     test_after: dict[str, Any] | None
     wall_s: float
@@ -75,6 +78,22 @@ class Trainer:
         self.test_runner: Runner = ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
+        self.val_tasks, self.accept_rule = self._acceptance_split()
+        self.store.put_record(run_id, "rule", "accept_on", self.accept_rule)
+
+    def _acceptance_split(self) -> tuple[list[Task], dict[str, Any]]:
+        """The tasks edits are accepted on, and the rule as recorded with the run."""
+        t = self.cfg.train
+        val = self.ws.tasks("val", t.val_limit) if t.accept_on != "train" else []
+        if t.accept_on == "val" and len(val) < t.min_val_tasks:
+            raise ValueError(f"train.accept_on = 'val' but the environment has {len(val)} val task(s) "
+                             f"(< train.min_val_tasks = {t.min_val_tasks}); use accept_on = 'train' or add val tasks")
+        if t.accept_on != "train" and len(val) >= t.min_val_tasks:
+            return val, {"accept_on": "val", "tasks": len(val), "rule": t.acceptance,
+                         "why": "edits are decided on held-out val tasks that no optimizer role sees"}
+        why = ("configured" if t.accept_on == "train"
+               else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
+        return [], {"accept_on": "train", "tasks": len(self.train_tasks), "rule": t.acceptance, "why": why}
 
     def earlier_attempts(self, r: int) -> str:
         """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
@@ -114,9 +133,17 @@ class Trainer:
         self.store.put_record(self.run_id, "timing", key, previous + time.perf_counter() - start)
         return result
 
-    async def _evaluate(self, version: HarnessVersion, key: str) -> EvalSummary:
+    async def _evaluate(self, version: HarnessVersion, key: str, split: str = "train") -> EvalSummary:
+        tasks = self.val_tasks if split == "val" else self.train_tasks
         return await self._timed(key, lambda: self.runner.evaluate(
-            version, self.train_tasks, self.cfg.train.train_trials, "train", "train"))
+            version, tasks, self.cfg.train.train_trials, split, split))
+
+    async def _accept_eval(self, version: HarnessVersion, key: str,
+                           train_summary: EvalSummary | None = None) -> EvalSummary:
+        """The evaluation edits are decided on: val when the run accepts on val, else train."""
+        if self.val_tasks:
+            return await self._evaluate(version, key.replace("validate", "val"), "val")
+        return train_summary or await self._evaluate(version, key)
 
     def _patterns(self, summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
         trajectories = self.store.trajectories(summary.eval_id)
@@ -180,7 +207,7 @@ class Trainer:
             key, current, spec, candidate.version, summary.per_task, implementer, trajectories)
         self.view.decision(decision.accepted, f"{variant}: {decision.reason}")
         record |= {"candidate": chosen.id, "candidate_score": validation.accuracy, "variant": variant,
-                   "accepted": decision.accepted, "reason": decision.reason}
+                   "decided_on": validation.split, "accepted": decision.accepted, "reason": decision.reason}
         if decision.accepted:
             record["harness_after"] = chosen.id
         return record
@@ -194,16 +221,18 @@ class Trainer:
         validated too (their model calls are cache hits) and the better of the two is decided on, so a
         noisy prompt edit cannot drag a good repair down with it. Returns (chosen, its summary, decision,
         which variant)."""
-        validation = await self._evaluate(candidate, f"{key}/validate")
+        validation = await self._accept_eval(candidate, f"{key}/validate")
         chosen, variant = (candidate, validation), "whole spec"
         part = spec.deterministic_part()
         if part is not None and self.ws.cache is not None:
             sub = await implementer.build(current, part, trajectories, single_turn=self.single_turn(current))
             if sub.version is not None and sub.version.id != candidate.id:
                 self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} repairs only")
-                sub_validation = await self._evaluate(sub.version, f"{key}/validate-repairs")
+                sub_validation = await self._accept_eval(sub.version, f"{key}/validate-repairs")
                 if sub_validation.accuracy >= validation.accuracy:
                     chosen, variant = (sub.version, sub_validation), "repairs only"
+        if self.val_tasks:  # the current harness on val (an evaluation already stored after the first round)
+            base = (await self._evaluate(current, f"{key}/val-base", "val")).per_task
         decision = decide(self.cfg.train.acceptance, base, chosen[1].per_task, self.cfg.train.tolerance)
         return chosen[0], chosen[1], decision, variant
 
@@ -226,6 +255,16 @@ class Trainer:
                 stop = "nothing accepted twice in a row"
                 break
         return current, rounds, stop
+
+    async def val_scores(self, seed: HarnessVersion, final: HarnessVersion) -> tuple[float | None, float | None]:
+        """Val accuracy of the seed and the final harness (read back when acceptance already ran them)."""
+        tasks = self.val_tasks or self.ws.tasks("val", self.cfg.train.val_limit)
+        if not tasks:
+            return None, None
+        trials = self.cfg.train.train_trials
+        before = await self._timed("val/seed", lambda: self.runner.evaluate(seed, tasks, trials, "val", "val"))
+        after = await self._timed("val/final", lambda: self.runner.evaluate(final, tasks, trials, "val", "val"))
+        return before.accuracy, after.accuracy
 
     async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
                               test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
