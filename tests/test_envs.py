@@ -95,10 +95,13 @@ def test_jsonl_suite_with_user_grader(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     rows = [{"id": f"t{i}", "prompt": f"say {i}", "answer": str(i), "split": "test"} for i in range(3)]
     path.write_text("\n".join(json.dumps(r) for r in rows))
-    env = get_environment("jsonl", path=path)
+    (tmp_path / "doubling.py").write_text("def grade(answer, gold):\n    return answer == str(2 * int(gold))\n")
+    env = get_environment("jsonl", path=path, grader="doubling.py:grade", search=[tmp_path])
     tasks = env.tasks("test")
     assert [t.id for t in tasks] == ["t0", "t1", "t2"]
-    assert env.grade(tasks[1], " 1 ", {}).passed and not env.grade(tasks[1], "2", {}).passed
+    assert env.grade(tasks[1], "2", {}).passed and not env.grade(tasks[1], "1", {}).passed  # the user's rule
+    default = get_environment("jsonl", path=path)
+    assert default.grade(tasks[1], " 1 ", {}).passed and not default.grade(tasks[1], "2", {}).passed
     path.write_text(json.dumps({"id": "a", "prompt": "x", "answer": 1}) + "\n" + json.dumps({"id": "a", "prompt": "y", "answer": 2}))
     with pytest.raises(TaskFileError, match="duplicate id"):
         env.tasks("train")

@@ -72,3 +72,29 @@ def test_skill_retrieval_prefers_matching_tips() -> None:
     picked = retrieve(skills, "A shirt has a 20 percent discount. What is the price?", top_k=1)
     assert [s.id for s in picked] == ["a", "b"]
     assert [s.id for s in retrieve(skills, "unrelated words", top_k=2)] == ["a"]
+
+
+def test_manifest_values_are_set_through_the_manifest_model() -> None:
+    import pytest
+
+    from ecdysis.harness.manifest import HarnessError, parse_manifest, set_manifest_value
+
+    text = 'name = "x"\nenv = "gsm8k"\n\n[generation]\ntemperature = 0\n\n[budget]\nmax_turns = 2\n'
+    hot = set_manifest_value(text, "generation", "temperature", 0.7)  # `= 0` is not the text `= 0.0`
+    assert parse_manifest(hot, "t").generation.temperature == 0.7
+    longer = set_manifest_value('name = "x"\nenv = "gsm8k"\n', "generation", "max_tokens", 600)
+    assert parse_manifest(longer, "t").generation.max_tokens == 600  # the section did not exist
+    with pytest.raises(HarnessError):
+        set_manifest_value(text, "generation", "max_tokens", "many")
+
+
+def test_implementer_replies_that_are_not_an_object_are_check_failures() -> None:
+    import pytest
+
+    from ecdysis.trainer.checks import CheckFailed
+    from ecdysis.trainer.implement import reply_content
+
+    assert reply_content('{"content": "x = 1"}') == "x = 1"
+    for bad, why in (('["a", "b"]', "got list"), ("not json", "not JSON"), ('{"content": 3}', "string 'content'")):
+        with pytest.raises(CheckFailed, match=why):
+            reply_content(bad)

@@ -271,6 +271,10 @@ def compare(
     json_path, csv_path = write_results(results, cfg.run.run_dir)
     views.compare_table(console, results)
     console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path} and {csv_path}[/]")
+    arm_list = [a.strip() for a in arms.split(",")]
+    if "best-of-k" in arm_list and "ecdysis" not in arm_list:
+        console.print("[yellow]best-of-k ran without an ecdysis arm: k was not matched to a training budget "
+                      "(k = 1 sample per task); add the ecdysis arm for a fair comparison.[/]")
     if not cfg.cache.isolate_arms:
         console.print("[yellow]cache.isolate_arms = false: later arms reused earlier arms' identical training calls, "
                       "so their training wall times are flattered; compare agent executions instead.[/]")

@@ -152,6 +152,28 @@ def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
         raise HarnessError(f"{origin}/{MANIFEST}: mode 'freeform' needs files.loop")
 
 
+def set_manifest_value(text: str, section: str, key: str, value: int | float | str) -> str:
+    """`harness.toml` text with `[section] key = value` set (line replaced, or added to the section, or
+    the section added), checked by parsing it back through the Manifest model. Raises HarnessError."""
+    rendered = json.dumps(value)
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if line.strip() == f"[{section}]"), None)
+    if header is None:
+        lines += ["", f"[{section}]", f"{key} = {rendered}"]
+    else:
+        end = next((i for i in range(header + 1, len(lines)) if lines[i].lstrip().startswith("[")), len(lines))
+        hit = next((i for i in range(header + 1, end) if lines[i].split("=")[0].strip() == key), None)
+        if hit is None:
+            lines.insert(header + 1, f"{key} = {rendered}")
+        else:
+            lines[hit] = f"{key} = {rendered}"
+    out = "\n".join(lines) + "\n"
+    manifest = parse_manifest(out, "<edited manifest>")
+    if getattr(getattr(manifest, section), key) != value:
+        raise HarnessError(f"setting {section}.{key} = {rendered} did not take effect in harness.toml")
+    return out
+
+
 def version_from_files(files: dict[str, str], origin: str) -> HarnessVersion:
     if MANIFEST not in files:
         raise HarnessError(

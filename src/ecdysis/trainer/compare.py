@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..harness.manifest import HarnessVersion, version_from_files
+from ..harness.manifest import set_manifest_value, HarnessVersion, version_from_files
 from ..runner.runner import EvalSummary
 from ..workspace import Workspace
 from .api import ARMS_WITH_TRAINER, config_key, train_async
 
 ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "best-of-k")
 BEST_OF_K_MAX = 8
+BEST_OF_K_TEMPERATURE = 0.7
 
 
 @dataclass
@@ -121,8 +122,11 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
             probe = await ws.runner(run_id).evaluate(version, fixed_test, 1, "test", "test-probe")
             per_trial = max(probe.prompt_tokens + probe.completion_tokens, 1)
             k = max(1, min(BEST_OF_K_MAX, math.floor((ecdysis_tokens or per_trial) / per_trial)))
-            sampled = version.with_files({"harness.toml": version.files["harness.toml"].replace(
-                "temperature = 0.0", "temperature = 0.7")})
+            sampled = version.with_files({"harness.toml": set_manifest_value(
+                version.files["harness.toml"], "generation", "temperature", BEST_OF_K_TEMPERATURE)})
+            if ecdysis_tokens is None:
+                ws.store.put_record(run_id, "note", "best-of-k", "no ecdysis arm ran before best-of-k: k is set "
+                                    "from one probe pass of the fixed harness (k = 1), not from a matched budget")
             summary = await ws.runner(run_id).evaluate(sampled, fixed_test, k, "test", "test")
             acc = majority_vote_accuracy(ws, summary, {t.id: t for t in fixed_test})
             out = ArmResult(arm, seed, agent_executions=0,

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
-from ..harness.manifest import HarnessVersion, load_harness
+from ..harness.manifest import HarnessVersion, set_manifest_value, load_harness
 from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
@@ -101,8 +101,7 @@ def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: l
             files[demos_file] = json.dumps(existing + demo, indent=1) + "\n"
             notes.append(f"H5 demo bootstrapped ({len(demo)} turn(s))")
         elif change.kind == "set_max_tokens":
-            files["harness.toml"] = re.sub(r"(?m)^max_tokens\s*=\s*\d+", f"max_tokens = {change.value}",
-                                           files["harness.toml"])
+            files["harness.toml"] = set_manifest_value(files["harness.toml"], "generation", "max_tokens", change.value)
             notes.append(f"generation.max_tokens = {change.value}")
     for skill in spec.skills:
         candidate = Skill(skill.id, skill.trigger or "*", skill.tip)
@@ -114,6 +113,18 @@ def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: l
         files[skills_file] = json.dumps(items, indent=1) + "\n"
         notes.append(f"H5 skill {skill.id} added")
     return files, notes
+
+
+def reply_content(text: str) -> str:
+    """The file content from an implementer reply `{"content": "..."}`; CheckFailed says what was wrong."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CheckFailed(f"the implementer's reply is not JSON ({exc.msg} at character {exc.pos})") from exc
+    if not isinstance(obj, dict) or not isinstance(obj.get("content"), str):
+        raise CheckFailed(f"the implementer's reply must be a JSON object with a string 'content', got "
+                          f"{type(obj).__name__}{' without content' if isinstance(obj, dict) else ''}")
+    return obj["content"]
 
 
 @dataclass
@@ -135,7 +146,7 @@ class Implementer:
         params = GenerationParams(temperature=0.0 if sample == 0 else 0.8, max_tokens=900,
                                   json_schema=CONTENT_SCHEMA, sample_index=sample)
         response = await self.model.chat(ChatRequest(messages=[Message(role="user", content=prompt)], params=params))
-        return str(json.loads(response.text)["content"])
+        return reply_content(response.text)
 
     async def _external(self, current: HarnessVersion, spec: HarnessSpec) -> dict[str, str]:
         with tempfile.TemporaryDirectory(prefix="ecdysis-impl-") as tmp:

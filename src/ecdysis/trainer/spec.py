@@ -34,8 +34,8 @@ class SkillSpec(BaseModel):
 
 class HarnessSpec(BaseModel):
     patterns_addressed: list[str] = Field(min_length=1)
-    changes: list[Change] = Field(min_length=1, max_length=4)
-    skills: list[SkillSpec] = Field(default_factory=list, max_length=3)
+    changes: list[Change] = Field(min_length=1, max_length=3)
+    skills: list[SkillSpec] = Field(default_factory=list, max_length=2)
     implementation_notes: str = ""
     expected_effect: str = ""
 
@@ -64,6 +64,11 @@ class SpecError(ValueError):
     pass
 
 
+def _max_items(name: str) -> int:
+    """A list field's max_length, read from HarnessSpec so the JSON schema and the model agree."""
+    return next(m.max_length for m in HarnessSpec.model_fields[name].metadata if hasattr(m, "max_length"))
+
+
 def spec_json_schema() -> dict[str, Any]:
     """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept.
 
@@ -89,8 +94,8 @@ def spec_json_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "patterns_addressed": {"type": "array", "items": short, "minItems": 1, "maxItems": 4},
-            "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": 3},
-            "skills": {"type": "array", "items": skill, "maxItems": 2},
+            "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": _max_items("changes")},
+            "skills": {"type": "array", "items": skill, "maxItems": _max_items("skills")},
             "implementation_notes": s,
             "expected_effect": s,
         },
@@ -99,7 +104,8 @@ def spec_json_schema() -> dict[str, Any]:
 
 
 _INTERNALS = re.compile(r"\b(H[1-5]|harness|layers?|levers?|repairs?|pars(?:e|er|ers|ing)|realiz\w*|regex\w*|"
-                        r"action\.py|regulate\.py|contract\.md|P\d+)\b", re.IGNORECASE)
+                        r"action\.py|regulate\.py|contract\.md|P\d+|add_rule|add_skill|add_demo|enable_repair|"
+                        r"set_max_tokens|edit_code|train(?:ing)? evaluation|task\(s\))", re.IGNORECASE)
 _THIRD_PERSON = re.compile(r"\bthe (agent|model|assistant|llm)\b", re.IGNORECASE)
 _DEBATE = re.compile(r"\b(analyst|critic|engineer|moderator|I agree|we should|the proposal|proposed change)\b",
                      re.IGNORECASE)
