@@ -100,3 +100,24 @@ async def test_acceptance_is_decided_on_val_tasks_no_role_sees(tmp_path: Path) -
             for m in c.messages]
     assert seen and not any(p in text for p in val_prompts for text in seen)
     assert result.val_before is not None and result.val_after is not None
+
+
+def test_json_output_and_narrow_tables_keep_the_names_users_copy(tmp_path: Path) -> None:
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in TASKS) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ECDYSIS_")} | {"COLUMNS": "60"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "ecdysis", *a], cwd=tmp_path, capture_output=True,  # noqa: E731
+                                    text=True, timeout=120, env=env)
+    listing = run("models", "list")
+    assert listing.returncode == 0 and "local:qwen2.5-coder-1.5b" in listing.stdout  # a pipe at 60 columns
+    models = json.loads(run("models", "list", "--json").stdout)
+    assert {m["reference"] for m in models} >= {"local:smollm2-135m", "local:qwen2.5-coder-1.5b"}
+    out = run("eval", "--env", "jsonl", "--tasks", "tasks.jsonl", "--grader", "numeric", "--model",
+              "scripted:Answer: 3", "--split", "train", "--run-dir", "r", "--json")
+    summary = json.loads(out.stdout)
+    assert summary["split"] == "train" and summary["n_tasks"] > 0 and 0 <= summary["accuracy"] <= 1
+    runs = json.loads(run("runs", "list", "--run-dir", "r", "--json").stdout)
+    assert [r["id"] for r in runs] == [summary["run_id"]] and runs[0]["evaluations"] == 1
+    shown = json.loads(run("show", summary["run_id"], "--run-dir", "r", "--json").stdout)
+    assert shown["evaluations"][0]["done"] == summary["n_tasks"] and shown["run"]["config"]["env"]["name"] == "jsonl"
+    table = run("runs", "list", "--run-dir", "r").stdout
+    assert summary["run_id"] in table

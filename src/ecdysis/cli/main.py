@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -33,10 +34,12 @@ models_app = typer.Typer(help="Local GGUF models.", no_args_is_help=True)
 runs_app = typer.Typer(help="Runs recorded in a run directory.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(runs_app, name="runs")
-console = Console()
+# Not a terminal (a pipe, a file): no width limit, so ids and references are never cut.
+console = Console(width=None if sys.stdout.isatty() else 400)
 USER_ERRORS = (ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
                ModelConfigError, ModelError, FileNotFoundError, ValueError)
 
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: section.key=value.")]
 
@@ -80,9 +83,15 @@ def chat(
 
 
 @models_app.command("list")
-def models_list() -> None:
+def models_list(as_json: JsonOpt = False) -> None:
     """Known local models and whether each is downloaded."""
-    views.models_table(console, local_models.list_models(), local_models.models_dir())
+    models = local_models.list_models()
+    if as_json:
+        views.print_json([{"name": m.name, "reference": f"local:{m.name}", "description": m.description,
+                           "size_mb": m.size_mb, "present": present,
+                           "path": str(local_models.models_dir() / m.filename)} for m, present in models])
+        return
+    views.models_table(console, models, local_models.models_dir())
 
 
 @models_app.command("pull")
@@ -187,6 +196,7 @@ def eval_cmd(
                                                     "or file.py:function.")] = None,
     concurrency: Annotated[int | None, typer.Option(help="Episodes in parallel.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per task.")] = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
     from ..workspace import Workspace
@@ -197,6 +207,7 @@ def eval_cmd(
             "eval.limit": limit, "eval.trials": trials, "run.run_dir": run_dir, "env.data_dir": data_dir,
             "env.options.path": tasks_file, "env.options.grader": grader,
             "run.concurrency": concurrency, "sandbox.timeout_s": timeout, "user.model": user_model,
+            "run.progress": False if as_json else None,
         })
         ws = Workspace.open(cfg)
         version = ws.harness()
@@ -212,7 +223,10 @@ def eval_cmd(
     except USER_ERRORS as exc:
         fail(str(exc))
         return
-    views.eval_summary(console, summary, run_id, cfg.run.run_dir)
+    if as_json:
+        views.print_json(summary.to_dict() | {"run_id": run_id, "run_dir": str(cfg.run.run_dir)})
+    else:
+        views.eval_summary(console, summary, run_id, cfg.run.run_dir)
     ws.close()
 
 
@@ -281,19 +295,26 @@ def compare(
 
 
 @runs_app.command("list")
-def runs_list(run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default")) -> None:
+def runs_list(run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default"),
+              as_json: JsonOpt = False) -> None:
     """Runs stored in a run directory."""
     from ..store import DB_NAME, RunStore
 
     if not (run_dir / DB_NAME).exists():
         fail(f"{run_dir} holds no run database ({DB_NAME})")
-    views.runs_table(console, RunStore(run_dir))
+    store = RunStore(run_dir)
+    if as_json:
+        views.print_json([{k: v for k, v in run.items() if k != "config"} | {"evaluations": len(
+            store.evaluations(run["id"]))} for run in store.runs()])
+        return
+    views.runs_table(console, store)
 
 
 @app.command()
 def show(
     run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
     run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default"),
+    as_json: JsonOpt = False,
 ) -> None:
     """Details of one run: evaluations, failures by termination reason, model calls by role."""
     from ..store import DB_NAME, RunStore
@@ -304,6 +325,10 @@ def show(
     record = store.run(run)
     if record is None:
         fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
+        return
+    if as_json:
+        views.print_json({"run": views.decoded(record), "evaluations": views.run_evaluations(store, record["id"]),
+                          "calls": store.call_totals(record["id"])})
         return
     views.run_detail(console, store, record)
 

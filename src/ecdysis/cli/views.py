@@ -15,13 +15,24 @@ from ..runner.runner import EvalSummary
 from ..store import RunStore
 
 
+def key_column(table: Table, name: str, values: list[str]) -> None:
+    """A column that is never truncated or wrapped: names, references and ids are what users copy."""
+    table.add_column(name, no_wrap=True, min_width=max([len(name), *map(len, values)]))
+
+
 def models_table(console: Console, models: list[tuple[LocalModelSpec, bool]], where: Path) -> None:
+    wide = console.width >= 110  # narrow terminals keep the columns users copy and drop the description
     table = Table(title=f"Local models ({where})")
-    for col in ("name", "description", "size", "present", "reference"):
-        table.add_column(col)
+    key_column(table, "name", [spec.name for spec, _ in models])
+    if wide:
+        table.add_column("description")
+    table.add_column("size", no_wrap=True)
+    table.add_column("present")
+    key_column(table, "reference", [f"local:{spec.name}" for spec, _ in models])
     for spec, present in models:
-        table.add_row(spec.name, spec.description, f"{spec.size_mb} MB", "yes" if present else "no",
-                      f"local:{spec.name}")
+        cells = [spec.name, *([spec.description] if wide else []), f"{spec.size_mb} MB", "yes" if present else "no",
+                 f"local:{spec.name}"]
+        table.add_row(*cells)
     console.print(table)
 
 
@@ -101,12 +112,39 @@ def compare_table(console: Console, results: list[Any]) -> None:
 
 def runs_table(console: Console, store: RunStore) -> None:
     table = Table(title=f"Runs in {store.run_dir}")
-    for col in ("id", "kind", "status", "created", "evaluations"):
+    key_column(table, "id", [run["id"] for run in store.runs()])
+    for col in ("kind", "status", "created", "evaluations"):
         table.add_column(col)
     for run in store.runs():
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(run["created"]))
         table.add_row(run["id"], run["kind"], run["status"], created, str(len(store.evaluations(run["id"]))))
     console.print(table)
+
+
+def run_evaluations(store: RunStore, run_id: str) -> list[dict[str, Any]]:
+    """Each evaluation of a run with its progress, accuracy, terminations and tokens (for tables and --json)."""
+    out = []
+    for ev in store.evaluations(run_id):
+        trajs = store.trajectories(ev["id"])
+        terms: dict[str, int] = {}
+        for t in trajs:
+            terms[t.termination] = terms.get(t.termination, 0) + 1
+        out.append({"id": ev["id"], "label": ev["label"] or "", "harness_id": ev["harness_id"], "split": ev["split"],
+                    "done": len(trajs), "planned": ev["n_tasks"] * ev["trials"],
+                    "accuracy": sum(t.score for t in trajs) / len(trajs) if trajs else 0.0, "terminations": terms,
+                    "tokens": sum(t.prompt_tokens + t.completion_tokens for t in trajs)})
+    return out
+
+
+def decoded(run: dict[str, Any]) -> dict[str, Any]:
+    """A run row with its JSON columns (config, summary) as objects."""
+    return {k: (json.loads(v) if k in ("config", "summary") and isinstance(v, str) and v else v)
+            for k, v in run.items()}
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout (plain print: no wrapping, no markup)."""
+    print(json.dumps(data, indent=1, default=str))
 
 
 def _summary(row: dict[str, Any]) -> dict[str, Any]:
@@ -116,18 +154,14 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
 def run_detail(console: Console, store: RunStore, run: dict[str, Any]) -> None:
     console.print(f"[bold]{run['id']}[/] ({run['kind']}, {run['status']})")
     table = Table(title="Evaluations")
-    for col in ("eval", "label", "harness", "split", "done/planned", "accuracy", "terminations", "tokens"):
+    evaluations = run_evaluations(store, run["id"])
+    key_column(table, "eval", [e["id"] for e in evaluations])
+    for col in ("label", "harness", "split", "done/planned", "accuracy", "terminations", "tokens"):
         table.add_column(col)
-    for ev in store.evaluations(run["id"]):
-        trajs = store.trajectories(ev["id"])
-        planned = ev["n_tasks"] * ev["trials"]
-        acc = sum(t.score for t in trajs) / len(trajs) if trajs else 0.0
-        terms: dict[str, int] = {}
-        for t in trajs:
-            terms[t.termination] = terms.get(t.termination, 0) + 1
-        tokens = sum(t.prompt_tokens + t.completion_tokens for t in trajs)
-        table.add_row(ev["id"], ev["label"] or "", ev["harness_id"][:8], ev["split"], f"{len(trajs)}/{planned}",
-                      f"{acc:.3f}", ", ".join(f"{k}={v}" for k, v in sorted(terms.items())), str(tokens))
+    for e in evaluations:
+        table.add_row(e["id"], e["label"], e["harness_id"][:8], e["split"], f"{e['done']}/{e['planned']}",
+                      f"{e['accuracy']:.3f}", ", ".join(f"{k}={v}" for k, v in sorted(e["terminations"].items())),
+                      str(e["tokens"]))
     console.print(table)
     calls = Table(title="Model calls by role")
     for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "model time", "cost $"):

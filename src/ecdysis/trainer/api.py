@@ -43,7 +43,7 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
     val_before, val_after = await trainer.val_scores(seed, final)
     timings = dict(ws.store.records(run_id, "timing"))
     calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
-    optimizer = [row for role, row in calls.items() if role != "agent"]
+    optimizer = [row for role, row in calls.items() if role not in ("agent", "user")]  # the user is the env
     agent_tokens = calls.get("agent", {}).get("prompt_tokens", 0) or 0
     agent_tokens += calls.get("agent", {}).get("completion_tokens", 0) or 0
     result = TrainResult(
