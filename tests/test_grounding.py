@@ -87,10 +87,25 @@ async def test_model_level_pattern_gets_a_demo_candidate_decided_by_acceptance(t
     result = await train_async(ws.config, "ecdysis", ws=ws)
     (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
     assert p1["facts"]["fixable_by"].startswith("model-level") and p1["facts"]["measured_levers"] == []
-    assert any("add_demo (library-bootstrapped from passing training task q0" in x
+    assert any("demonstration the library bootstraps from passing training task q0" in x
                for x in p1["facts"]["needs_model_calls"])
     decision = ws.store.get_record(result.run_id, "decision", "r1")
     candidate = ws.store.load_version(decision["candidate"])
     assert "Answer: 3" in candidate.files["demos.json"]  # bootstrapped from the passing task q0 (0 + 3)
     assert decision["accepted"] is follows_demo
     assert (result.train_after > result.train_before) is follows_demo
+
+
+def test_a_spec_with_one_bad_rule_keeps_its_valid_changes() -> None:
+    from ecdysis.trainer.spec import salvage_spec
+
+    harness = seed_with("gsm8k")
+    spec = {"patterns_addressed": ["P1"], "changes": [
+        {"layer": "H2", "kind": "enable_repair", "file": "", "text": "", "repair": "last_line", "value": 0,
+         "rationale": "replies end in a bare answer"},
+        {"layer": "H3", "kind": "add_rule", "file": "", "text": "add_rule / add_skill on the cause", "repair": "",
+         "value": 0, "rationale": "copied"}], "skills": [], "implementation_notes": "", "expected_effect": ""}
+    kept, dropped = salvage_spec(json.dumps(spec), harness, {"P1"})
+    assert [c.repair for c in kept.changes] == ["last_line"] and "harness internals" in dropped[0]
+    only_bad = {**spec, "changes": spec["changes"][1:]}
+    assert salvage_spec(json.dumps(only_bad), harness, {"P1"}) is None

@@ -35,3 +35,11 @@ def test_enabled_repairs_apply_in_order_and_unknown_names_fail() -> None:
     assert try_repairs(repairs, "no numbers here", ()) is None
     with pytest.raises(ValueError, match="unknown repair"):
         parse_repairs('["guess"]')
+
+
+def test_generic_short_answer_repairs() -> None:
+    assert CATALOG["last_line"].apply("Let me think.\n**No.**", ()) == Action("answer", "No")
+    assert CATALOG["last_line"].apply("so\nAnswer - (B)", ()) == Action("answer", "(B)")
+    assert CATALOG["last_line"].apply("a long last line that has far too many words to be a short answer", ()) is None
+    assert CATALOG["last_line"].apply("No.", SQL) is None  # tool tasks need an explicit answer
+    assert CATALOG["answer_phrase"].apply("So the answer is True.", ()) == Action("answer", "True")

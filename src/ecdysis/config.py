@@ -194,8 +194,9 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
         env = data.setdefault("env", {})
         env["plugin_path"] = [str(base / p) for p in env.get("plugin_path", [])] + [str(base)]
         options = env.get("options")
-        if isinstance(options, dict) and isinstance(options.get("path"), str) and not Path(options["path"]).is_absolute():
-            options["path"] = str(base / options["path"])  # a task file is relative to the config, like other paths
+        task_file = options.get("path") if isinstance(options, dict) else None
+        if isinstance(task_file, str) and not Path(task_file).is_absolute():
+            options["path"] = str(base / task_file)  # a task file is relative to the config, like other paths
     apply_overrides(data, overrides or [])
     problems = _unknown_keys(data, Config, "")
     if problems:

@@ -20,7 +20,8 @@ from .api import Action, Reply, ToolSpec, answer
 REPAIRS_FILE = "repairs.json"
 NUMBER = r"-?\$?\s*[\d,]*\.?\d+"
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
-_PHRASE = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*[:\s]*(" + NUMBER + ")", re.IGNORECASE)
+_PHRASE = re.compile(r"(?:final answer|the answer)\s*(?:is|:)\s*[:\s]*\**\s*([^\n*]{1,60})", re.IGNORECASE)
+_LEAD = re.compile(r"^\s*(?:\**\s*(?:final\s+)?answer\s*\**\s*[:\-]\s*)?\**\s*", re.IGNORECASE)
 _NUM = re.compile(NUMBER)
 _FINAL = re.compile(r"Final Answer:\s*(.+)", re.DOTALL)
 _CODE = re.compile(r"```(?:sql|sqlite)?\s*(.+?)```", re.DOTALL | re.IGNORECASE)
@@ -44,9 +45,26 @@ def boxed_answer(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
 
 
 def answer_phrase(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    """'the answer is N' / 'Final answer: X': a number if the phrase holds one, else its short text."""
     found = _PHRASE.findall(reply)
-    value = _clean_number(found[-1]) if found else None
-    return answer(value) if value is not None else None
+    if not found:
+        return None
+    first = _NUM.search(found[-1].replace("\\$", "$"))  # the number right after the phrase
+    if first is not None:
+        return answer(first.group(0).replace("$", "").replace(",", "").strip())
+    text = found[-1].strip().rstrip(".").strip()
+    return answer(text) if text and len(text.split()) <= 6 else None
+
+
+def last_line(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
+    """Single-turn: a short last line (at most 8 words) is the answer ('No.', '**B**', 'Answer - 12')."""
+    if tools:
+        return None
+    lines = [line for line in reply.strip().splitlines() if line.strip()]
+    if not lines:
+        return None
+    text = _LEAD.sub("", lines[-1]).strip().strip("*").strip().rstrip(".").strip()
+    return answer(text) if text and len(text.split()) <= 8 else None
 
 
 def last_number(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
@@ -93,6 +111,7 @@ CATALOG: dict[str, Repair] = {
         Repair("boxed_answer", "accept a final answer written as \\boxed{...}", boxed_answer),
         Repair("answer_phrase", "accept 'the answer is N' / 'Final answer: N'", answer_phrase),
         Repair("last_number", "single-turn: take the last number in the reply as the answer", last_number),
+        Repair("last_line", "single-turn: a short last line (at most 8 words) is the answer", last_line),
         Repair("final_answer_anywhere", "accept 'Final Answer: ...' without the action header", final_answer_anywhere),
         Repair("bare_sql", "tool tasks: run a SQL statement given without the expected action header", bare_sql),
         Repair("json_in_text", "tool calls written as JSON in the text become real calls",

@@ -24,8 +24,8 @@ from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, GenerationParams, Message, ModelError
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
-from .progress import EvalProgress
 from .confine import bwrap_path
+from .progress import EvalProgress
 from .sandbox import SandboxLimits, run_in_sandbox
 from .user_sim import UserSimulator
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import Config
-from ..harness.manifest import set_manifest_value, HarnessVersion, version_from_files
+from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
 from ..runner.runner import EvalSummary
 from ..workspace import Workspace
 from .api import ARMS_WITH_TRAINER, config_key, train_async

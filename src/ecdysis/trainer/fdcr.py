@@ -23,7 +23,7 @@ from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .failures import Pattern
 from .levers import verified
-from .spec import HarnessSpec, SpecError, parse_spec, spec_json_schema
+from .spec import HarnessSpec, SpecError, parse_spec, salvage_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
 MAX_FILE_CHARS = 1200
@@ -59,7 +59,8 @@ def _measured_text(p: Pattern) -> list[str]:
     elif "measured_levers" in p.facts:
         lines.append("  MEASURED: no built-in repair gains a task of this pattern (do not propose one)")
     if p.facts.get("needs_model_calls"):
-        lines.append("  needs agent runs to know: " + "; ".join(p.facts["needs_model_calls"][:3]))
+        lines.append(f"  NOT measurable without agent runs (each costs one evaluation of {len(p.tasks)} tasks): "
+                     + "; ".join(p.facts["needs_model_calls"][:3]))
     return lines
 
 
@@ -181,6 +182,12 @@ class SpecWriter:
                 prompt = render("repair_spec", error=error)
                 continue
             transcript.append({"pass": passes, "role": writer, "text": text})
+            self._checkpoint(key, transcript)
+            return DebateOutcome(spec, transcript, raw=raw)
+        salvaged = salvage_spec(raw[-1], harness, ids)
+        if salvaged is not None:
+            spec, dropped = salvaged
+            transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shlex
 import tempfile
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
-from ..harness.manifest import HarnessVersion, set_manifest_value, load_harness
+from ..harness.manifest import HarnessVersion, load_harness, set_manifest_value
 from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message

@@ -122,20 +122,19 @@ def rank(patterns: list[Pattern]) -> list[Pattern]:
 
 
 def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[str]:
-    """Levers whose effect only agent runs can show, with the cheapest way to test each."""
-    n = len(p.tasks)
-    cost = f"one train evaluation (re-runs at least the {n} task(s) of this pattern)"
+    """Levers whose effect only agent runs can show (each costs one evaluation of the pattern's tasks).
+    Phrased as descriptions, not as rule text, so small models do not copy them into a rule."""
     out: list[str] = []
     if p.facts.get("rules"):
-        out.append(f"retry after a rejection (the feedback already goes back to the model): {cost}")
+        out.append("a second try after a rejection (more turns; the feedback already goes to the model)")
     if p.facts.get("truncated"):
-        out.append(f"set_max_tokens higher: {cost}")
+        out.append("a higher token limit")
     if p.layer == "model" or p.facts.get("answer_parsed", 0) >= max(1, p.support // 2):
         demo = demo_source(p, trajectories, tasks)
         if demo:
-            out.append(f"add_demo (library-bootstrapped from passing training task {demo}, same kind): {cost}")
-        out.append(f"add_rule \"{STEP_CHECK_RULE}\" (general step check): {cost}")
-    out.append(f"add_rule / add_skill on the failure's cause: {cost}")
+            out.append(f"a demonstration the library bootstraps from passing training task {demo} (same kind)")
+        out.append(f"a general step-checking rule, e.g. \"{STEP_CHECK_RULE}\"")
+    out.append("a rule or tip about the cause, written to the agent")
     return out
 
 

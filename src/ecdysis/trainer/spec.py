@@ -153,3 +153,30 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
     if problems:
         raise SpecError("; ".join(problems))
     return spec
+
+
+def salvage_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> tuple[HarnessSpec, list[str]] | None:
+    """The valid part of a spec whose only problems are individual changes or skills: those are dropped
+    (with the reasons returned) if at least one valid change remains. None if nothing can be kept."""
+    try:
+        spec = HarnessSpec.model_validate(json.loads(text))
+    except (json.JSONDecodeError, ValidationError):
+        return None
+    dropped: list[str] = []
+    keep: list[Change] = []
+    for c in spec.changes:
+        single = spec.model_copy(update={"changes": [c], "skills": []})
+        try:
+            parse_spec(single.model_dump_json(), harness, pattern_ids)
+            keep.append(c)
+        except SpecError as exc:
+            dropped.append(f"{c.kind}: {exc}")
+    skills = [k for k in spec.skills if not agent_text_problem(k.tip)]
+    dropped += [f"skill {k.id}: {agent_text_problem(k.tip)}" for k in spec.skills if agent_text_problem(k.tip)]
+    if not keep or not dropped:
+        return None
+    try:
+        return parse_spec(spec.model_copy(update={"changes": keep, "skills": skills}).model_dump_json(),
+                          harness, pattern_ids), dropped
+    except SpecError:
+        return None
