@@ -128,3 +128,23 @@ def test_init_from_a_plugin_writes_a_native_seed_that_evaluates(tmp_path: Path) 
                   "--split", "train", "--run-dir", "r", cwd=tmp_path)  # from another folder: plugin_path works
     assert out.returncode == 0, out.stdout + out.stderr
     assert "answered=8" in out.stdout and "0.125" in out.stdout  # only the plan question is answered right
+
+
+def test_a_second_process_on_the_same_run_dir_is_refused(tmp_path: Path, data_dir: Path) -> None:
+    assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
+    (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
+    args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
+            "--limit", "6", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
+    first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and not (tmp_path / "r" / ".ecdysis.lock").exists():
+        time.sleep(0.1)
+    time.sleep(0.5)
+    second = ecdysis(*args[3:], cwd=tmp_path)
+    assert second.returncode == 2 and "is in use by pid" in second.stdout
+    listing = ecdysis("runs", "list", "--run-dir", "r", cwd=tmp_path)
+    assert listing.returncode == 0  # reading is fine while it runs
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    third = ecdysis(*args[3:], cwd=tmp_path)  # the lock died with the killed process: resume works
+    assert third.returncode == 0, third.stdout + third.stderr

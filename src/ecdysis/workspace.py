@@ -13,7 +13,7 @@ from .harness.generic_seed import generic_seed
 from .harness.manifest import HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner, SandboxLimits
-from .store import RunStore
+from .store import RunStore, claim_run_dir
 
 
 def plugin_search(config: Config) -> list[Path]:
@@ -45,8 +45,11 @@ class Workspace:
 
     @cached_property
     def store(self) -> RunStore:
-        """Created on first use, so a command that fails validation writes nothing."""
-        return RunStore(self.config.run.run_dir)
+        """Created on first use, so a command that fails validation writes nothing. The run directory is
+        claimed for this process: a second process writing to it is refused (RunDirBusy)."""
+        store = RunStore(self.config.run.run_dir)
+        claim_run_dir(store.run_dir)
+        return store
 
     @cached_property
     def cache(self) -> ResponseCache | None:

@@ -26,6 +26,7 @@ from ..models import (
     build_model,
     local_models,
 )
+from ..store.db import RunDirBusy
 from . import views
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
@@ -36,7 +37,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(runs_app, name="runs")
 # Not a terminal (a pipe, a file): no width limit, so ids and references are never cut.
 console = Console(width=None if sys.stdout.isatty() else 400)
-USER_ERRORS = (ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
+USER_ERRORS = (RunDirBusy, ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
                ModelConfigError, ModelError, FileNotFoundError, ValueError)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]

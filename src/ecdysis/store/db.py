@@ -8,12 +8,14 @@ Reports are views of it. Every write commits, so a killed process loses at most 
 from __future__ import annotations
 
 import json
+import fcntl
+import os
 import sqlite3
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..agent.trajectory import Trajectory
 from ..harness.manifest import HarnessVersion, version_from_files
@@ -42,6 +44,36 @@ CREATE TABLE IF NOT EXISTS records (
   run_id TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
   created REAL NOT NULL, PRIMARY KEY (run_id, kind, key));
 """
+
+
+LOCK_NAME = ".ecdysis.lock"
+_CLAIMS: dict[str, IO[str]] = {}  # run dirs this process holds (claims are per process, not per store)
+
+
+class RunDirBusy(RuntimeError):
+    """Another process is writing to this run directory."""
+
+
+def claim_run_dir(run_dir: Path) -> None:
+    """Take the run directory for this process (an exclusive `flock`, released when the process ends,
+    even on SIGKILL). A second process gets RunDirBusy naming the holder's pid."""
+    key = str(run_dir.resolve())
+    if key in _CLAIMS:
+        return
+    handle = open(run_dir / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the life of the process
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunDirBusy(f"run directory {run_dir} is in use by {holder}; wait for it to finish (or stop it), "
+                         "or use another --run-dir. Reading it (`runs list`, `show`) is fine.") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    _CLAIMS[key] = handle
 
 
 class RunStore:
