@@ -45,12 +45,19 @@ async def test_prose_rejections_get_a_measured_repair_and_a_spec_ignoring_it_is_
     assert {m["lever"] for m in runs} >= {"enable_repair answer_phrase", "enable_repair boxed_answer"}
     assert all(m["lost"] == [] for m in runs if m["lever"] == "enable_repair answer_phrase")
     assert roles.calls[6:] == ["MODERATOR", "SINGLE"]  # the rule-only spec was sent back once (repair prompt)
+    assert transcript_added(ws, result.run_id) == ["enable_repair answer_phrase for P1"]  # still ignored: added
+    final = ws.store.load_version(result.final_harness_id)
+    assert "answer_phrase" in final.files.get("repairs.json", "") and result.train_after == 1.0
     transcript = ws.store.get_record(result.run_id, "transcript", "r1")
     assert transcript[-1]["role"] == "moderator"
     prompts = [m for m in ws.backends["moderator|scripted:agent"].calls]
     repair_prompt = prompts[-1].messages[-1].content
     assert "measured lever that gains 6 task(s) and loses none" in repair_prompt
     assert "MEASURED on the stored replies" in prompts[0].messages[-1].content
+
+
+def transcript_added(ws, run_id: str) -> list[str]:  # noqa: ANN001
+    return ws.store.get_record(run_id, "transcript", "r1")[-1].get("added", [])
 
 
 def test_rules_about_harness_internals_or_in_third_person_are_refused() -> None:

@@ -7,8 +7,8 @@ Reports are views of it. Every write commits, so a killed process loses at most 
 
 from __future__ import annotations
 
-import json
 import fcntl
+import json
 import os
 import sqlite3
 import threading

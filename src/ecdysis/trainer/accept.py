@@ -27,15 +27,17 @@ def _mean(per_task: dict[str, list[float]]) -> float:
 
 
 def decide(rule: str, current: dict[str, list[float]], candidate: dict[str, list[float]],
-           tolerance: float = 0.05) -> Decision:
+           tolerance: float = 0.05, split: str = "train") -> Decision:
+    """Decide on per-task scores of the split edits are accepted on (`split` names it in the reason)."""
     cur, cand = _mean(current), _mean(candidate)
     if rule == "strict":
         ok = cand > cur
-        return Decision(ok, rule, cur, cand, f"train {cur:.3f} -> {cand:.3f}: {'improves' if ok else 'no strict gain'}")
+        verdict = "improves" if ok else "no strict gain"
+        return Decision(ok, rule, cur, cand, f"{split} {cur:.3f} -> {cand:.3f}: {verdict}")
     if rule == "tolerance":
         ok = cand >= cur - tolerance
         return Decision(ok, rule, cur, cand,
-                        f"train {cur:.3f} -> {cand:.3f}: {'within' if ok else 'beyond'} tolerance {tolerance}")
+                        f"{split} {cur:.3f} -> {cand:.3f}: {'within' if ok else 'beyond'} tolerance {tolerance}")
     if rule == "noise-aware":
         tasks = sorted(set(current) & set(candidate))
         diffs = [sum(candidate[t]) / len(candidate[t]) - sum(current[t]) / len(current[t]) for t in tasks]

@@ -23,7 +23,7 @@ from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .failures import Pattern
 from .levers import verified
-from .spec import HarnessSpec, SpecError, parse_spec, salvage_spec, spec_json_schema
+from .spec import Change, HarnessSpec, SpecError, parse_spec, salvage_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
 MAX_FILE_CHARS = 1200
@@ -114,6 +114,26 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
     return None
 
 
+def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[HarnessSpec, list[str]]:
+    """After the send-back, a spec that still ignores a measured zero-loss lever without saying why gets
+    it added by the library (replacing the last change if the spec is full); acceptance still decides."""
+    added: list[str] = []
+    limit = HarnessSpec.model_fields["changes"].metadata[-1].max_length
+    while (reason := ignored_verified_lever(spec, patterns)) is not None:
+        p = next(p for p in patterns if reason.startswith(p.id + " "))
+        best = verified(p)
+        assert best is not None
+        names = best["lever"].removeprefix("enable_repair ").split("+")
+        change = Change(layer="H2", kind="enable_repair", repair=names[0], text="",
+                        rationale=f"{p.id}: added by the library, measured on the stored replies "
+                                  f"(+{best['gained']} task(s), 0 lost)")
+        changes = [*spec.changes, change] if len(spec.changes) < limit else [*spec.changes[:-1], change]
+        spec = spec.model_copy(update={"changes": changes,
+                                       "patterns_addressed": sorted({*spec.patterns_addressed, p.id})})
+        added.append(f"enable_repair {names[0]} for {p.id}")
+    return spec, added
+
+
 @dataclass
 class DebateOutcome:
     spec: HarnessSpec | None
@@ -181,13 +201,16 @@ class SpecWriter:
                 history = [*history, Message(role="user", content=prompt), Message(role="assistant", content=text)]
                 prompt = render("repair_spec", error=error)
                 continue
-            transcript.append({"pass": passes, "role": writer, "text": text})
+            spec, added = with_verified_levers(spec, patterns)
+            transcript.append({"pass": passes, "role": writer, "text": text, **({"added": added} if added else {})})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         salvaged = salvage_spec(raw[-1], harness, ids)
         if salvaged is not None:
             spec, dropped = salvaged
-            transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped})
+            spec, added = with_verified_levers(spec, patterns)
+            transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped,
+                               **({"added": added} if added else {})})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})

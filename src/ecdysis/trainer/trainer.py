@@ -233,7 +233,8 @@ class Trainer:
                     chosen, variant = (sub.version, sub_validation), "repairs only"
         if self.val_tasks:  # the current harness on val (an evaluation already stored after the first round)
             base = (await self._evaluate(current, f"{key}/val-base", "val")).per_task
-        decision = decide(self.cfg.train.acceptance, base, chosen[1].per_task, self.cfg.train.tolerance)
+        decision = decide(self.cfg.train.acceptance, base, chosen[1].per_task, self.cfg.train.tolerance,
+                          split=chosen[1].split or "train")
         return chosen[0], chosen[1], decision, variant
 
     async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[dict[str, Any]], str]:
