@@ -160,3 +160,20 @@ async def test_http_backend_tool_call_against_real_llama_server(
     changed = await metered.chat(req("Weather in Rome, please.", max_tokens=40, tools=other_tools,
                                      tool_choice=forced))
     assert not changed.cache_hit  # the tools are part of the cache key
+
+
+async def test_embedded_slots_keep_one_context_per_episode(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    model = LlamaCppModel("smollm2-135m", n_ctx=512, slots=2)
+    assert [model._slot(s) for s in ("a", "b", "a", "c", "b")] == [0, 1, 0, 1, 0]  # c evicts b (least recent)
+    single = LlamaCppModel("smollm2-135m", n_ctx=512)
+    turns = ["Name a color.", "Name a fruit."]
+    out = []
+    for session in ("ep1", "ep2", "ep1", "ep2"):  # two episodes interleaved
+        r = await model.chat(req(turns[len(out) // 2], session=session))
+        out.append(r.text)
+    solo = [(await single.chat(req(t))).text for t in turns]
+    assert out[0] == out[1] == solo[0] and out[2] == out[3] == solo[1]  # same replies as one context
+    cache_a = req("x", session="one").canonical_json()
+    assert cache_a == req("x", session="two").canonical_json()  # the session is not part of the cache key

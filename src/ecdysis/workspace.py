@@ -62,8 +62,10 @@ class Workspace:
         if key not in self.models:
             if f"{role}|{ref}" not in self.backends:
                 # the simulated user gets its own local context, so agent and user do not evict each other's KV
-                self.backends[f"{role}|{ref}"] = build_model(ref, self.config.settings_for(ref),
-                                                             instance="user" if role == "user" else "")
+                settings = self.config.settings_for(ref)
+                if settings.slots is None:  # one context per concurrent episode on the embedded backend
+                    settings = settings.model_copy(update={"slots": self.config.run.concurrency})
+                self.backends[f"{role}|{ref}"] = build_model(ref, settings, instance="user" if role == "user" else "")
             self.models[key] = MeteredModel(self.backends[f"{role}|{ref}"], cache=self.cache, role=role,
                                             scope=cache_scope)
         return self.models[key]

@@ -54,6 +54,7 @@ class GenerationParams(BaseModel):
     tools: list[dict[str, Any]] | None = None  # OpenAI function-tool definitions (part of the cache key)
     tool_choice: str | dict[str, Any] | None = None  # "auto" | "required" | "none" | {"type": "function", ...}
     sample_index: int = 0
+    session: str = ""  # which conversation this call continues (KV reuse on local backends); not in the cache key
 
 
 class ChatRequest(BaseModel):
@@ -61,7 +62,9 @@ class ChatRequest(BaseModel):
     params: GenerationParams = Field(default_factory=GenerationParams)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json", exclude_none=True), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json", exclude_none=True)
+        data["params"].pop("session", None)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
 
 class Usage(BaseModel):
@@ -85,7 +88,8 @@ class ChatResponse(BaseModel):
     cache_hit: bool = False
 
 
-_SECRETS = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|(?<=Bearer )[A-Za-z0-9._\-]{8,}|(?i:api[_-]?key)[\"'=: ]+[A-Za-z0-9._\-]{8,})")
+_SECRETS = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|(?<=Bearer )[A-Za-z0-9._\-]{8,}"
+                      r"|(?i:api[_-]?key)[\"'=: ]+[A-Za-z0-9._\-]{8,})")
 
 
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:

@@ -1,7 +1,9 @@
 """Embedded llama.cpp backend: runs a GGUF in-process (needs the `local` extra).
 
-Each model file is loaded once per process and shared; a lock allows one generation at a time
-per loaded model. The chat template comes from the GGUF metadata; JSON-schema output uses
+Each model file is loaded once per (context size, instance) and shared; one generation runs at a
+time per backend (2 cores gain nothing from more). With `slots` > 1 every episode (request
+`session`) keeps its own llama.cpp context, so concurrent multi-turn episodes do not evict each
+other's KV cache: each turn reprocesses only its new tokens (the weights are mmapped once). The chat template comes from the GGUF metadata; JSON-schema output uses
 llama.cpp's grammar support.
 """
 
@@ -11,6 +13,7 @@ import asyncio
 import os
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,8 @@ def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
 class LlamaCppModel:
     """A GGUF model run in this process. `name` is a catalog name or a path to a .gguf file."""
 
-    def __init__(self, name: str, n_ctx: int = 4096, n_threads: int | None = None, instance: str = "") -> None:
+    def __init__(self, name: str, n_ctx: int = 4096, n_threads: int | None = None, instance: str = "",
+                 slots: int = 1) -> None:
         if name in CATALOG:
             self.path = resolve_verified(name)
             self._digest = CATALOG[name].sha256
@@ -70,6 +74,23 @@ class LlamaCppModel:
         self.n_ctx = n_ctx
         self.n_threads = n_threads
         self.instance = instance
+        self.slots = max(1, slots)
+        self._sessions: OrderedDict[str, int] = OrderedDict()  # session -> slot, least recently used first
+        self._generation_lock = threading.Lock()  # one generation at a time on this machine's cores
+
+    def _slot(self, session: str) -> int:
+        """The context a session (one episode) keeps: its KV cache is not evicted by other episodes.
+        A new session takes a free slot, else the least recently used one."""
+        if not session or self.slots == 1:
+            return 0
+        if session in self._sessions:
+            self._sessions.move_to_end(session)
+            return self._sessions[session]
+        used = set(self._sessions.values())
+        free = [k for k in range(self.slots) if k not in used]
+        slot = free[0] if free else self._sessions.popitem(last=False)[1]
+        self._sessions[session] = slot
+        return slot
 
     @property
     def identity(self) -> str:
@@ -77,7 +98,10 @@ class LlamaCppModel:
 
     def _generate(self, request: ChatRequest) -> tuple[dict[str, Any], float]:
         """Generate under the model's lock; returns the completion and the generation time only."""
-        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
+        with self._generation_lock:
+            slot = self._slot(request.params.session)
+        instance = self.instance if slot == 0 else f"{self.instance}#slot{slot}"
+        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, instance)
         p = request.params
         kwargs: dict[str, Any] = {
             "messages": for_template(request.messages),
@@ -96,7 +120,7 @@ class LlamaCppModel:
             kwargs["response_format"] = {"type": "json_object", "schema": forced}
         if p.tools:
             kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
-        with lock:
+        with self._generation_lock, lock:
             start = time.perf_counter()
             out = llm.create_chat_completion(**kwargs)
             return out, time.perf_counter() - start

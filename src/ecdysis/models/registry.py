@@ -29,6 +29,7 @@ class ModelSettings(BaseModel):
     attempt_timeout_s: float = 120.0
     total_timeout_s: float = 600.0
     n_ctx: int = 4096
+    slots: int | None = None  # embedded backend: llama.cpp contexts kept per episode; default: run.concurrency
 
 
 def _key(env_name: str | None, required: bool) -> str:
@@ -73,7 +74,7 @@ def build_model(ref: str, settings: ModelSettings | None = None, instance: str =
     if kind == "local":
         from .llama_local import LlamaCppModel
 
-        return LlamaCppModel(rest, n_ctx=s.n_ctx, instance=instance)
+        return LlamaCppModel(rest, n_ctx=s.n_ctx, instance=instance, slots=s.slots or 1)
     if kind == "openai":
         return _http("https://api.openai.com/v1", rest, _key(s.api_key_env or "OPENAI_API_KEY", True), s)
     if kind == "ollama":

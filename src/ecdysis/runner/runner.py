@@ -141,11 +141,12 @@ class Runner:
                 "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
                 "latency_s": response.latency_s, "cache_hit": response.cache_hit}
 
-    def _user(self, eval_id: str, task: Task) -> Any:
+    def _user(self, eval_id: str, task: Task, trial: int) -> Any:
         """The host-side handler of a conversation task's user turns, or None."""
         if task.user_scenario is None or self.user_model is None:
             return None
-        sim = UserSimulator(self.user_model, task.user_scenario, **self.user_settings)
+        sim = UserSimulator(self.user_model, task.user_scenario, session=f"{eval_id}/{task.id}/{trial}",
+                            **self.user_settings)
         model = self.user_model
 
         async def handle(conversation: list[dict[str, str]]) -> dict[str, Any]:
@@ -187,8 +188,9 @@ class Runner:
                     return
                 traj = await run_in_sandbox(
                     harness, self.env_name, self.env_options, task, trial,
-                    lambda m, p: self._chat(eval_id, m, p), self.limits,
-                    user=self._user(eval_id, task), plugin_paths=self.plugin_paths,
+                    lambda m, p: self._chat(eval_id, m, {**p, "session": f"{eval_id}/{task.id}/{trial}"}),
+                    self.limits,
+                    user=self._user(eval_id, task, trial), plugin_paths=self.plugin_paths,
                     hidden=list(getattr(self.env, "sandbox_hidden", ())),
                 )
                 score = grade_safely(self.env, task, traj)

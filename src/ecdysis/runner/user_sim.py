@@ -32,6 +32,7 @@ class UserSimulator:
     max_turns: int = 10
     temperature: float = 0.0
     max_tokens: int = 200
+    session: str = ""  # the conversation, so a local backend keeps the user's KV cache per episode
     turns: int = 0
 
     def request(self, conversation: list[dict[str, str]]) -> ChatRequest:
@@ -41,7 +42,8 @@ class UserSimulator:
         if not flipped or flipped[-1].role != "user":
             flipped.append(Message(role="user", content="(the agent is waiting for your reply)"))
         return ChatRequest(messages=[Message(role="system", content=user_system_prompt(self.scenario)), *flipped],
-                           params=GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens))
+                           params=GenerationParams(temperature=self.temperature, max_tokens=self.max_tokens,
+                                                   session=self.session))
 
     async def reply(self, conversation: list[dict[str, str]]) -> dict[str, Any]:
         """{"text", "stop", "usage", "latency_s", "cache_hit"} or {"error"}."""
