@@ -114,6 +114,19 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
     return None
 
 
+def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
+    """The reason to send a spec back once: it enables a repair whose replay gained nothing for any pattern."""
+    if not any("measured_levers" in p.facts for p in patterns):
+        return None  # nothing was measured (e.g. replay unavailable)
+    useful = {name for p in patterns for m in p.facts.get("measured_levers", [])
+              for name in m["lever"].removeprefix("enable_repair ").split("+")}
+    useless = [c.repair for c in spec.changes if c.kind == "enable_repair" and c.repair not in useful]
+    if not useless:
+        return None
+    return (f"enable_repair {', '.join(useless)}: replayed on the stored replies, it gains no task of any pattern; "
+            "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
+
+
 def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[HarnessSpec, list[str]]:
     """After the send-back, a spec that still ignores a measured zero-loss lever without saying why gets
     it added by the library (replacing the last change if the spec is full); acceptance still decides."""
@@ -192,7 +205,8 @@ class SpecWriter:
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
-                if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns)):
+                if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns) or
+                                     repairs_without_gain(spec, patterns)):
                     raise SpecError(ignored)
             except SpecError as exc:
                 error = str(exc)
