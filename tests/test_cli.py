@@ -44,11 +44,16 @@ SLOW_ACTION = (
 )
 
 
-def test_killed_eval_leaves_readable_store_and_resumes(tmp_path: Path, data_dir: Path) -> None:
+def slow_eval(tmp_path: Path, data_dir: Path, limit: int) -> list[str]:
+    """A project whose harness takes 0.6 s per episode, and the eval command line for it."""
     assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
     (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
-    args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
-            "--limit", "10", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
+    return [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
+            "--limit", str(limit), "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
+
+
+def test_killed_eval_leaves_readable_store_and_resumes(tmp_path: Path, data_dir: Path) -> None:
+    args = slow_eval(tmp_path, data_dir, limit=10)
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = tmp_path / "r" / DB_NAME
     deadline = time.time() + 60
@@ -131,10 +136,7 @@ def test_init_from_a_plugin_writes_a_native_seed_that_evaluates(tmp_path: Path) 
 
 
 def test_a_second_process_on_the_same_run_dir_is_refused(tmp_path: Path, data_dir: Path) -> None:
-    assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
-    (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
-    args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
-            "--limit", "6", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
+    args = slow_eval(tmp_path, data_dir, limit=6)
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and not (tmp_path / "r" / ".ecdysis.lock").exists():
