@@ -20,6 +20,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 # The sandbox's OS boundary (bubblewrap, Debian package); without it workers fall back to in-process measures.
 bwrap:
 	@command -v bwrap >/dev/null || (command -v apt-get >/dev/null && (apt-get install -y -q bubblewrap >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null) \
 		|| sudo -n apt-get install -y -q bubblewrap >/dev/null) || echo "warning: bubblewrap not installed")
 
 setup: $(VENV)/.installed bwrap
