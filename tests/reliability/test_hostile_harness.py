@@ -59,7 +59,8 @@ async def test_shell_through_ctypes_cannot_touch_the_host(hostile) -> None:  # t
     run, tmp_path, data_dir, _ = hostile
     marker = tmp_path / f"pwned-{uuid.uuid4().hex}"
     traj = await run("ctypes-shell", attack(f"""
-rc = ctypes.pythonapi.system(b"touch {marker}; cat {data_dir}/gsm8k/test.jsonl > /sandbox/stolen 2>&1; id -u > /sandbox/uid")
+cmd = "touch {marker}; cat {data_dir}/gsm8k/test.jsonl > /sandbox/stolen 2>&1; id -u > /sandbox/uid"
+rc = ctypes.pythonapi.system(cmd.encode())
 seen = str(rc) + '|' + open('/sandbox/stolen').read()[:200] + '|' + open('/sandbox/uid').read()
 """))
     assert not marker.exists()  # the host's files are not reachable, not even its /tmp
@@ -125,7 +126,8 @@ async def test_cannot_write_the_package_store_or_home(hostile, tmp_path: Path) -
     package = Path(ecdysis.__file__).parent
     traj = await run("writes", attack(f"""
 out = []
-for target in ({str(package / 'pwned.py')!r}, {str(run_dir / 'run' / 'ecdysis.sqlite')!r}, {str(Path.home() / 'pwned')!r}):
+targets = ({str(package / 'pwned.py')!r}, {str(run_dir / 'run' / 'ecdysis.sqlite')!r}, {str(Path.home() / 'pwned')!r})
+for target in targets:
     try:
         open(target, 'a').write('x')
         out.append('wrote ' + target)

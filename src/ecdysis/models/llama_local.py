@@ -3,8 +3,8 @@
 Each model file is loaded once per (context size, instance) and shared; one generation runs at a
 time per backend (2 cores gain nothing from more). With `slots` > 1 every episode (request
 `session`) keeps its own llama.cpp context, so concurrent multi-turn episodes do not evict each
-other's KV cache: each turn reprocesses only its new tokens (the weights are mmapped once). The chat template comes from the GGUF metadata; JSON-schema output uses
-llama.cpp's grammar support.
+other's KV cache: each turn reprocesses only its new tokens (the weights are mmapped once). The chat
+template comes from the GGUF metadata; JSON-schema output uses llama.cpp's grammar support.
 """
 
 from __future__ import annotations
