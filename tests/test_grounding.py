@@ -116,3 +116,13 @@ def test_a_spec_with_one_bad_rule_keeps_its_valid_changes() -> None:
     assert [c.repair for c in kept.changes] == ["last_line"] and "harness internals" in dropped[0]
     only_bad = {**spec, "changes": spec["changes"][1:]}
     assert salvage_spec(json.dumps(only_bad), harness, {"P1"}) is None
+
+
+async def test_no_valid_spec_but_a_measured_lever_gives_a_library_spec(tmp_path) -> None:
+    broken = {"patterns_addressed": ["enable_repair(answer_phrase)"], "changes": [], "skills": []}
+    roles = Roles(spec=broken)
+    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1")
+    result = await train_async(ws.config, "ecdysis", ws=ws)
+    last = ws.store.get_record(result.run_id, "transcript", "r1")[-1]
+    assert last["error"] and last["library_spec"] == ["enable_repair answer_phrase for P1"]
+    assert ws.store.get_record(result.run_id, "decision", "r1")["accepted"] and result.train_after == 1.0

@@ -127,6 +127,17 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
             "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
 
 
+def library_spec(patterns: list[Pattern]) -> HarnessSpec | None:
+    """When no valid spec came out of the roles: an empty spec for the first recurring pattern with a
+    measured zero-loss lever (which `with_verified_levers` then fills in), else None."""
+    target = next((p for p in patterns if p.classification == "recurring" and verified(p)), None)
+    if target is None:
+        return None
+    return HarnessSpec.model_construct(patterns_addressed=[target.id], changes=[], skills=[],
+                                       implementation_notes="written by the library from measured levers",
+                                       expected_effect="the measured gain of the lever")
+
+
 def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[HarnessSpec, list[str]]:
     """After the send-back, a spec that still ignores a measured zero-loss lever without saying why gets
     it added by the library (replacing the last change if the spec is full); acceptance still decides."""
@@ -225,6 +236,13 @@ class SpecWriter:
             spec, added = with_verified_levers(spec, patterns)
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped,
                                **({"added": added} if added else {})})
+            self._checkpoint(key, transcript)
+            return DebateOutcome(spec, transcript, raw=raw)
+        library = library_spec(patterns)
+        if library is not None:  # the roles wrote no usable spec, but the evidence measured a fix
+            spec, added = with_verified_levers(library, patterns)
+            transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error,
+                               "library_spec": added})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})

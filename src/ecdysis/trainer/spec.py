@@ -163,6 +163,11 @@ def salvage_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> t
     except (json.JSONDecodeError, ValidationError):
         return None
     dropped: list[str] = []
+    unknown = [p for p in spec.patterns_addressed if p not in pattern_ids]
+    if unknown:
+        known = [p for p in spec.patterns_addressed if p in pattern_ids] or sorted(pattern_ids)[:1]
+        dropped.append(f"patterns_addressed: unknown {unknown}, kept {known}")
+        spec = spec.model_copy(update={"patterns_addressed": known})
     keep: list[Change] = []
     for c in spec.changes:
         single = spec.model_copy(update={"changes": [c], "skills": []})
