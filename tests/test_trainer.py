@@ -123,7 +123,7 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
     pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
     bad = json.dumps(BOXED_SPEC | {"patterns_addressed": ["P7"]})
     store = RunStore(tmp_path / "run")
-    for replies, ok in (([bad, json.dumps(BOXED_SPEC)], True), (["{not json", bad], False)):
+    for replies, ok in (([bad, json.dumps(BOXED_SPEC)], True), (["{not json", "[still not a spec"], False)):
         model = MeteredModel(ScriptedModel(replies), role="moderator")
         writer = SpecWriter(store, "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"), model))
         outcome = await writer.write(f"k{ok}", seed_with("gsm8k"), [pattern], passes=0)
@@ -133,6 +133,11 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
             assert "unknown patterns ['P7']" in model.model.calls[1].messages[-1].content
         else:
             assert "spec rejected after repair" in outcome.error
+    salvaged = MeteredModel(ScriptedModel(["{not json", bad]), role="moderator")
+    writer = SpecWriter(store, "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"), salvaged))
+    outcome = await writer.write("salvage", seed_with("gsm8k"), [pattern], passes=0)
+    assert outcome.spec is not None and outcome.spec.patterns_addressed == ["P1"]  # the unknown id was dropped
+    assert "unknown ['P7']" in outcome.transcript[-1]["dropped"][0]
 
 
 async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) -> None:
