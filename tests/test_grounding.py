@@ -126,3 +126,12 @@ async def test_no_valid_spec_but_a_measured_lever_gives_a_library_spec(tmp_path)
     last = ws.store.get_record(result.run_id, "transcript", "r1")[-1]
     assert last["error"] and last["library_spec"] == ["enable_repair answer_phrase for P1"]
     assert ws.store.get_record(result.run_id, "decision", "r1")["accepted"] and result.train_after == 1.0
+
+
+async def test_with_no_lever_left_and_no_usable_spec_the_library_tries_a_demo(tmp_path) -> None:
+    broken = {"patterns_addressed": ["P9"], "changes": [], "skills": []}
+    ws = make_ws(tmp_path, Roles(spec=broken), learner(True), "train.rounds=1")
+    result = await train_async(ws.config, "ecdysis", ws=ws)
+    decision = ws.store.get_record(result.run_id, "decision", "r1")
+    assert decision["library_candidate"] == "add_demo" and decision["accepted"]
+    assert "Answer: 3" in ws.store.load_version(result.final_harness_id).files["demos.json"]

@@ -10,6 +10,8 @@ template comes from the GGUF metadata; JSON-schema output uses llama.cpp's gramm
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import os
 import threading
 import time
@@ -34,6 +36,17 @@ def _import_llama() -> Any:
             "(or run `make setup`)"
         ) from exc
     return llama_cpp
+
+
+def _close_all() -> None:
+    """Free loaded models before interpreter teardown (llama-cpp-python's finalizers fail after it)."""
+    for llm, _lock in _LOADED.values():
+        with contextlib.suppress(Exception):
+            llm.close()
+    _LOADED.clear()
+
+
+atexit.register(_close_all)
 
 
 def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,

@@ -97,6 +97,9 @@ def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: l
                 notes.append("add_demo skipped: no passing training trajectory to learn from")
                 continue
             existing = json.loads(files.get(demos_file) or "[]")
+            if all(turn in existing for turn in demo):
+                notes.append("add_demo skipped: that demonstration is already in the harness")
+                continue
             files[demos_file] = json.dumps(existing + demo, indent=1) + "\n"
             notes.append(f"H5 demo bootstrapped ({len(demo)} turn(s))")
         elif change.kind == "set_max_tokens":

@@ -22,6 +22,7 @@ from ..harness.repairs import CATALOG, REPAIRS_FILE
 from ..runner.sandbox import SandboxLimits
 from .checks import CheckFailed, replay_report
 from .failures import Pattern
+from .spec import Change, HarnessSpec
 
 HARNESS_LAYERS = ("H2", "H3", "H4", "H5", "loop")
 STEP_CHECK_RULE = "Before you give your final answer, check each step of your work once."
@@ -151,3 +152,19 @@ def demo_source(p: Pattern, trajectories: list[Trajectory], tasks: dict[str, Tas
 
 def measurement_records(measurements: list[Measurement]) -> list[dict[str, Any]]:
     return [asdict(m) | {"lever": m.lever} for m in measurements]
+
+
+def library_demo_spec(patterns: list[Pattern]) -> HarnessSpec | None:
+    """The library's model-level candidate when no recurring pattern has a measured lever left: one
+    demonstration bootstrapped from a passing training task (the pattern's `needs_model_calls` names it)."""
+    recurring = [p for p in patterns if p.classification == "recurring"]
+    if not recurring or any(verified(p) for p in recurring):
+        return None
+    target = next((p for p in recurring if any("demonstration" in x for x in p.facts.get("needs_model_calls", []))),
+                  None)
+    if target is None:
+        return None
+    change = Change(layer="H5", kind="add_demo", text="a worked example from a passing training task",
+                    rationale=f"{target.id}: proposed by the library; no measured lever is left for it")
+    return HarnessSpec(patterns_addressed=[target.id], changes=[change], skills=[],
+                       implementation_notes="library candidate", expected_effect="decided by acceptance")

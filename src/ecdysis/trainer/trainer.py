@@ -24,7 +24,7 @@ from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
 from .fdcr import DEBATE_ROLES, SpecWriter
 from .implement import Implementer
-from .levers import attach, measure_repairs, measurement_records
+from .levers import attach, library_demo_spec, measure_repairs, measurement_records
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -187,15 +187,24 @@ class Trainer:
                 earlier=self.earlier_attempts(r)))
             spec_record = {"spec": outcome.spec.model_dump() if outcome.spec else None, "error": outcome.error}
             self.store.put_record(self.run_id, "spec", key, spec_record)
-        if spec_record["spec"] is None:
-            return record | {"reason": spec_record["error"]}
-        spec = HarnessSpec.model_validate(spec_record["spec"])
-        self.view.spec(spec)
         implementer = Implementer(
             self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
             self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
-        candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
-            current, spec, trajectories, single_turn=self.single_turn(current)))
+        spec, candidate = None, None
+        if spec_record["spec"] is not None:
+            spec = HarnessSpec.model_validate(spec_record["spec"])
+            self.view.spec(spec)
+            candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
+                current, spec, trajectories, single_turn=self.single_turn(current)))
+        if (candidate is None or candidate.version is None) and (demo := library_demo_spec(patterns)) is not None:
+            # every measured lever is spent and the roles gave nothing that runs: the library's own
+            # model-level candidate (a demonstration bootstrapped from a passing task), decided by acceptance
+            spec = demo
+            record["library_candidate"] = "add_demo"
+            candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
+                current, demo, trajectories, single_turn=self.single_turn(current)))
+        if spec is None or candidate is None:
+            return record | {"reason": spec_record["error"]}
         self.store.put_record(self.run_id, "candidate", key, {
             "harness": candidate.version.id if candidate.version else None, "applied": candidate.applied,
             "attempts": candidate.attempts, "error": candidate.error,
