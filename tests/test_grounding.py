@@ -37,9 +37,11 @@ async def test_prose_rejections_get_a_measured_repair_and_a_spec_ignoring_it_is_
     ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1")
     result = await train_async(ws.config, "ecdysis", ws=ws)
     (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
-    assert p1["id"] == "P1" and p1["classification"] == "recurring" and p1["facts"]["fixable_by"] == "verified harness lever"
+    assert p1["id"] == "P1" and p1["classification"] == "recurring"
+    assert p1["facts"]["fixable_by"] == "verified harness lever"
     measured = {m["lever"]: m for m in p1["facts"]["measured_levers"]}
-    assert measured["enable_repair answer_phrase"]["gained"] == 6 and measured["enable_repair answer_phrase"]["lost"] == 0
+    phrase = measured["enable_repair answer_phrase"]
+    assert phrase["gained"] == 6 and phrase["lost"] == 0
     assert "enable_repair boxed_answer" not in measured  # replayed: no box in any reply, so no gain, not listed
     runs = ws.store.records(result.run_id, "measurements")[0][1]
     assert {m["lever"] for m in runs} >= {"enable_repair answer_phrase", "enable_repair boxed_answer"}
