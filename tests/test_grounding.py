@@ -71,6 +71,9 @@ def test_rules_about_harness_internals_or_in_third_person_are_refused() -> None:
     third = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "The agent must end with Answer: N."}]}
     with pytest.raises(SpecError, match="address the agent directly"):
         parse_spec(json.dumps(third), harness, {"P1"})
+    lever_as_rule = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "answer_phrase"}]}
+    with pytest.raises(SpecError, match="names the built-in repair 'answer_phrase'"):
+        parse_spec(json.dumps(lever_as_rule), harness, {"P1"})
     debate = {**RULE_SPEC, "skills": [{"id": "s", "trigger": "*", "tip": "I agree with the analyst: check sums."}]}
     with pytest.raises(SpecError, match="debate prose"):
         parse_spec(json.dumps(debate), harness, {"P1"})

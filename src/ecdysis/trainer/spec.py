@@ -116,6 +116,10 @@ def agent_text_problem(text: str) -> str | None:
     the agent, about the task: no harness internals (layers, levers, repairs, parsing), no debate prose."""
     if not text.strip():
         return "is empty"
+    named = next((name for name in REPAIRS if re.search(rf"\b{name}\b", text)), None)
+    if named is not None:
+        return (f"names the built-in repair {named!r}; a repair is enabled with enable_repair, a rule tells the "
+                "agent what to do in the task")
     if (m := _INTERNALS.search(text)) is not None:
         return (f"talks about harness internals ({m.group(0)!r}); the agent reads it: say what the agent "
                 "should do in the task, not how the harness works")
