@@ -71,6 +71,9 @@ def test_rules_about_harness_internals_or_in_third_person_are_refused() -> None:
     third = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "The agent must end with Answer: N."}]}
     with pytest.raises(SpecError, match="address the agent directly"):
         parse_spec(json.dumps(third), harness, {"P1"})
+    meta = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "add rule about the tool's syntax"}]}
+    with pytest.raises(SpecError, match="harness internals"):  # seen on DBBench: a rule about writing a rule
+        parse_spec(json.dumps(meta), harness, {"P1"})
     lever_as_rule = {**RULE_SPEC, "changes": [{**RULE_SPEC["changes"][0], "text": "answer_phrase"}]}
     with pytest.raises(SpecError, match="names the built-in repair 'answer_phrase'"):
         parse_spec(json.dumps(lever_as_rule), harness, {"P1"})

@@ -105,7 +105,9 @@ def spec_json_schema() -> dict[str, Any]:
 
 _INTERNALS = re.compile(r"\b(H[1-5]|harness|layers?|levers?|repairs?|pars(?:e|er|ers|ing)|realiz\w*|regex\w*|"
                         r"action\.py|regulate\.py|contract\.md|P\d+|add_rule|add_skill|add_demo|enable_repair|"
-                        r"set_max_tokens|edit_code|train(?:ing)? evaluation|task\(s\))", re.IGNORECASE)
+                        r"set_max_tokens|edit_code|train(?:ing)? evaluation|task\(s\)|"
+                        r"add (?:an? |short )?(?:h[35] )?(?:rules?|tips?|skills?|demos?|demonstrations?))",
+                        re.IGNORECASE)
 _THIRD_PERSON = re.compile(r"\bthe (agent|model|assistant|llm)\b", re.IGNORECASE)
 _DEBATE = re.compile(r"\b(analyst|critic|engineer|moderator|I agree|we should|the proposal|proposed change)\b",
                      re.IGNORECASE)
