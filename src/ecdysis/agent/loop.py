@@ -16,12 +16,12 @@ from types import ModuleType
 from typing import Any
 
 from ..envs.base import Episode
-from ..harness.api import Action, ActionContext, Reject, Reply, StepState, ToolCall, ToolSpec, Verdict
+from ..harness.api import Action, ActionContext, Reject, Reply, StepState, ToolSpec, Verdict
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import REPAIRS_FILE, parse_repairs
 from ..harness.skills import parse_demos, parse_skills, retrieve
 from ..harness.tool_calls import native_realize, openai_tools, validate
-from .realize import RealizeFn, realize_message
+from .realize import RealizeFn, as_reply, realize_message
 from .trajectory import Trajectory
 
 ChatFn = Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
@@ -91,8 +91,7 @@ class AgentSession:
         self.traj.add("model", self.turn, messages=messages, reply=result["text"], tool_calls=calls,
                       finish_reason=result.get("finish_reason", ""), usage=usage,
                       latency_s=result.get("latency_s", 0.0), cache_hit=bool(result.get("cache_hit")))
-        return Reply(result["text"], tuple(ToolCall(c.get("id", ""), c["name"], c.get("arguments", "{}"))
-                                           for c in calls))
+        return as_reply({"text": result["text"], "tool_calls": calls})
 
     def step(self, action: Action) -> str:
         """Validate the call against its schema, then run it; a violation is the call's (recorded) result."""
@@ -162,7 +161,7 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     system_prompt, skill_ids = build_system_prompt(harness, tools, task["prompt"])
     session = AgentSession(chat, traj, params, episode, system_prompt, task["prompt"], tools)
     traj.add("prompt", 0, system=system_prompt, skills=skill_ids,
-             tools=[{"name": t.name, "description": t.description, "parameters": t.parameters} for t in tools])
+             tools=[t.to_record() for t in tools])
     if m.mode == "freeform":
         loop = load_module(harness_dir / str(m.files.loop), "harness_loop")
         answer = loop.run(session)

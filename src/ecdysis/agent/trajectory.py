@@ -52,6 +52,14 @@ class Trajectory:
         return [{"text": e["reply"], "tool_calls": e.get("tool_calls") or []}
                 for e in self.events if e["kind"] == "model"]
 
+    def offered_tools(self) -> list[dict[str, Any] | str]:
+        """The tools the episode offered, as recorded (with schemas); for trajectories recorded before
+        tools were stored, the names of the tools it called."""
+        prompt = self.of_kind("prompt")
+        if prompt and prompt[0].get("tools") is not None:
+            return prompt[0]["tools"]
+        return sorted({e["tool"] for e in self.of_kind("action") if e["tool"] not in ("answer", "respond")})
+
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["kind"] == kind]
 

@@ -31,6 +31,17 @@ class ToolSpec:
         return {"type": "function", "function": {"name": self.name, "description": self.description,
                                                  "parameters": self.parameters or EMPTY_PARAMETERS}}
 
+    def to_record(self) -> dict[str, Any]:
+        """As stored in a trajectory's `prompt` event."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any] | str) -> ToolSpec:
+        """From a stored record, or from a bare name (trajectories recorded before tools were stored)."""
+        if isinstance(record, str):
+            return cls(record, "")
+        return cls(record["name"], record.get("description", ""), record.get("parameters"))
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -83,10 +94,15 @@ class Action:
 
     def key(self) -> str:
         """Identity for loop detection: tool and arguments (or input), not the call id."""
-        import json
+        return action_key(self.tool, self.arguments, self.input)
 
-        body = json.dumps(self.arguments, sort_keys=True) if self.arguments is not None else self.input
-        return f"{self.tool}:{body}"
+
+def action_key(tool: str, arguments: dict[str, Any] | None, input: str = "") -> str:
+    """The identity of a call (also of a recorded `action` event): tool plus sorted arguments, or input."""
+    import json
+
+    body = json.dumps(arguments, sort_keys=True) if arguments is not None else input
+    return f"{tool}:{body}"
 
 
 def answer(text: str) -> Action:

@@ -109,7 +109,7 @@ class LlamaCppModel:
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
-    def _generate(self, request: ChatRequest) -> tuple[dict[str, Any], float]:
+    def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float]:
         """Generate under the model's lock; returns the completion and the generation time only."""
         with self._generation_lock:
             slot = self._slot(request.params.session)
@@ -128,8 +128,7 @@ class LlamaCppModel:
             kwargs["seed"] = (p.seed or 0) + p.sample_index
         if p.json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
-        forced = forced_call_schema(p.tools, p.tool_choice)
-        if forced is not None:
+        if forced is not None:  # a call is required: the schema of one call, grammar-constrained
             kwargs["response_format"] = {"type": "json_object", "schema": forced}
         if p.tools:
             kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
@@ -139,16 +138,16 @@ class LlamaCppModel:
             return out, time.perf_counter() - start
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
+        forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         try:
-            out, seconds = await asyncio.to_thread(self._generate, request)
+            out, seconds = await asyncio.to_thread(self._generate, request, forced)
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         text, calls = choice["message"].get("content") or "", []
         if request.params.tools:
-            forced = forced_call_schema(request.params.tools, request.params.tool_choice) is not None
-            text, calls = parse_reply_calls(text, forced, tool_names_of(request.params.tools))
+            text, calls = parse_reply_calls(text, forced is not None, tool_names_of(request.params.tools))
         return ChatResponse(
             text=text,
             tool_calls=calls,

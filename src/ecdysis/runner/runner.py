@@ -141,12 +141,11 @@ class Runner:
                 "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
                 "latency_s": response.latency_s, "cache_hit": response.cache_hit}
 
-    def _user(self, eval_id: str, task: Task, trial: int) -> Any:
+    def _user(self, eval_id: str, task: Task, session: str) -> Any:
         """The host-side handler of a conversation task's user turns, or None."""
         if task.user_scenario is None or self.user_model is None:
             return None
-        sim = UserSimulator(self.user_model, task.user_scenario, session=f"{eval_id}/{task.id}/{trial}",
-                            **self.user_settings)
+        sim = UserSimulator(self.user_model, task.user_scenario, session=session, **self.user_settings)
         model = self.user_model
 
         async def handle(conversation: list[dict[str, str]]) -> dict[str, Any]:
@@ -186,11 +185,11 @@ class Runner:
             async with semaphore:
                 if self._over_budget():
                     return
+                session = f"{eval_id}/{task.id}/{trial}"  # one episode: its model calls keep one local context
                 traj = await run_in_sandbox(
                     harness, self.env_name, self.env_options, task, trial,
-                    lambda m, p: self._chat(eval_id, m, {**p, "session": f"{eval_id}/{task.id}/{trial}"}),
-                    self.limits,
-                    user=self._user(eval_id, task, trial), plugin_paths=self.plugin_paths,
+                    lambda m, p: self._chat(eval_id, m, {**p, "session": session}), self.limits,
+                    user=self._user(eval_id, task, session), plugin_paths=self.plugin_paths,
                     hidden=list(getattr(self.env, "sandbox_hidden", ())),
                 )
                 score = grade_safely(self.env, task, traj)

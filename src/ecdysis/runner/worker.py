@@ -116,8 +116,7 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
         repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
         results = []
         for item in request["items"]:
-            tools = tuple(ToolSpec(t["name"], t.get("description", ""), t.get("parameters")) if isinstance(t, dict)
-                          else ToolSpec(t, "") for t in item["tools"])
+            tools = tuple(ToolSpec.from_record(t) for t in item["tools"])
             out = []
             for turn, reply in enumerate(item["replies"]):
                 ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")))

@@ -96,16 +96,8 @@ def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task
                 raise CheckFailed(f"the edit contains {value!r}, the gold answer of training task {task.id}")
 
 
-def offered_tools(traj: Trajectory) -> list[Any]:
-    """The tools the episode offered (with schemas, as recorded), else the names it used."""
-    prompt = traj.of_kind("prompt")
-    if prompt and prompt[0].get("tools") is not None:
-        return prompt[0]["tools"]
-    return sorted({e["tool"] for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")})
-
-
 def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]]:
-    return [{"prompt": tasks[t.task_id].prompt, "replies": t.reply_records(), "tools": offered_tools(t),
+    return [{"prompt": tasks[t.task_id].prompt, "replies": t.reply_records(), "tools": t.offered_tools(),
              "conversational": tasks[t.task_id].user_scenario is not None} for t in trajectories]
 
 

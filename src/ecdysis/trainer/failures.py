@@ -16,7 +16,7 @@ from typing import Any
 
 from ..agent.realize import as_reply
 from ..agent.trajectory import Trajectory
-from ..harness.api import ToolSpec
+from ..harness.api import ToolSpec, action_key
 from ..harness.tool_calls import calls_in_text
 
 SNIPPET = 500
@@ -94,11 +94,10 @@ _TOOL_FAILURE_LAYER = {"unknown_tool": "H2", "invalid_arguments": "H2", "json_ca
 def tool_facts(traj: Trajectory) -> dict[str, Any]:
     """Counts of tool-call failures in one episode (zero everywhere for episodes without schema tools)."""
     prompt = traj.of_kind("prompt")
-    offered = [ToolSpec(t["name"], t.get("description", ""), t.get("parameters"))
-               for t in (prompt[0].get("tools") or [] if prompt else [])]
+    offered = [ToolSpec.from_record(t) for t in (prompt[0].get("tools") or [] if prompt else [])]
     calls = [e for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")]
     errors = Counter(e.get("error", "tool_error") for e in traj.of_kind("tool_error"))
-    keys = Counter(f"{e['tool']}:{e.get('arguments') or e.get('input')}" for e in calls)
+    keys = Counter(action_key(e["tool"], e.get("arguments"), e.get("input", "")) for e in calls)
     in_text = sum(1 for r in traj.reply_records() if not r["tool_calls"] and offered
                   and calls_in_text(as_reply(r), tuple(offered)) is not None)
     schema_tools = any(t.parameters is not None for t in offered)

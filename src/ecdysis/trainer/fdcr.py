@@ -22,8 +22,8 @@ from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .failures import Pattern
-from .levers import verified
-from .spec import Change, HarnessSpec, SpecError, parse_spec, salvage_spec, spec_json_schema
+from .levers import repairs_of, verified
+from .spec import Change, HarnessSpec, SpecError, max_items, parse_spec, salvage_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
 MAX_FILE_CHARS = 1200
@@ -107,7 +107,7 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
         best = verified(p) if p.classification == "recurring" else None
         if best is None:
             continue
-        names = best["lever"].removeprefix("enable_repair ").split("+")
+        names = repairs_of(best)
         if not set(names) & enabled and not re.search(rf"\b{p.id}\b", said):
             return (f"{p.id} has a measured lever that gains {best['gained']} task(s) and loses none "
                     f"({best['lever']}); include it, or say in a rationale why {p.id} should not get it")
@@ -119,7 +119,7 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
     if not any("measured_levers" in p.facts for p in patterns):
         return None  # nothing was measured (e.g. replay unavailable)
     useful = {name for p in patterns for m in p.facts.get("measured_levers", [])
-              for name in m["lever"].removeprefix("enable_repair ").split("+")}
+              for name in repairs_of(m)}
     useless = [c.repair for c in spec.changes if c.kind == "enable_repair" and c.repair not in useful]
     if not useless:
         return None
@@ -142,12 +142,12 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
     """After the send-back, a spec that still ignores a measured zero-loss lever without saying why gets
     it added by the library (replacing the last change if the spec is full); acceptance still decides."""
     added: list[str] = []
-    limit = HarnessSpec.model_fields["changes"].metadata[-1].max_length
+    limit = max_items("changes")
     while (reason := ignored_verified_lever(spec, patterns)) is not None:
         p = next(p for p in patterns if reason.startswith(p.id + " "))
         best = verified(p)
         assert best is not None
-        names = best["lever"].removeprefix("enable_repair ").split("+")
+        names = repairs_of(best)
         change = Change(layer="H2", kind="enable_repair", repair=names[0], text="",
                         rationale=f"{p.id}: added by the library, measured on the stored replies "
                                   f"(+{best['gained']} task(s), 0 lost)")

@@ -100,6 +100,11 @@ def attach(patterns: list[Pattern], measurements: list[Measurement], trajectorie
     return rank(patterns)
 
 
+def repairs_of(measured: dict[str, Any]) -> list[str]:
+    """The repair names of a measured lever entry ("enable_repair a+b" -> ["a", "b"])."""
+    return measured["lever"].removeprefix("enable_repair ").split("+")
+
+
 def verified(p: Pattern) -> dict[str, Any] | None:
     """The pattern's best measured lever that gains tasks and loses none, if any."""
     return next((m for m in p.facts.get("measured_levers", []) if m["gained"] > 0 and m["lost"] == 0), None)

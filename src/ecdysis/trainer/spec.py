@@ -64,7 +64,7 @@ class SpecError(ValueError):
     pass
 
 
-def _max_items(name: str) -> int:
+def max_items(name: str) -> int:
     """A list field's max_length, read from HarnessSpec so the JSON schema and the model agree."""
     return next(m.max_length for m in HarnessSpec.model_fields[name].metadata if hasattr(m, "max_length"))
 
@@ -94,8 +94,8 @@ def spec_json_schema() -> dict[str, Any]:
         "type": "object",
         "properties": {
             "patterns_addressed": {"type": "array", "items": short, "minItems": 1, "maxItems": 4},
-            "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": _max_items("changes")},
-            "skills": {"type": "array", "items": skill, "maxItems": _max_items("skills")},
+            "changes": {"type": "array", "items": change, "minItems": 1, "maxItems": max_items("changes")},
+            "skills": {"type": "array", "items": skill, "maxItems": max_items("skills")},
             "implementation_notes": s,
             "expected_effect": s,
         },

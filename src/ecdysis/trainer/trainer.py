@@ -138,12 +138,11 @@ class Trainer:
         return await self._timed(key, lambda: self.runner.evaluate(
             version, tasks, self.cfg.train.train_trials, split, split))
 
-    async def _accept_eval(self, version: HarnessVersion, key: str,
-                           train_summary: EvalSummary | None = None) -> EvalSummary:
+    async def _accept_eval(self, version: HarnessVersion, key: str) -> EvalSummary:
         """The evaluation edits are decided on: val when the run accepts on val, else train."""
         if self.val_tasks:
             return await self._evaluate(version, key.replace("validate", "val"), "val")
-        return train_summary or await self._evaluate(version, key)
+        return await self._evaluate(version, key)
 
     def _patterns(self, summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
         trajectories = self.store.trajectories(summary.eval_id)
