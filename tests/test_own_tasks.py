@@ -92,7 +92,7 @@ async def test_acceptance_is_decided_on_val_tasks_no_role_sees(tmp_path: Path) -
         row["split"] = "val"
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     result = await train_async(ws.config, "ecdysis", ws=ws)
-    assert result.accept_rule["accept_on"] == "val" and result.accept_rule["tasks"] == 2
+    assert result.accept_rule.accept_on == "val" and result.accept_rule.tasks == 2
     decision = ws.store.get_record(result.run_id, "decision", "r1")
     assert decision["decided_on"] == "val"
     val_prompts = [r["prompt"] for r in rows[6:8]]

@@ -13,11 +13,12 @@ from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
 from ecdysis.models import Message, MeteredModel, ScriptedModel
 from ecdysis.runner import SandboxLimits
-from ecdysis.trainer import train_async
+from ecdysis.trainer import records, train_async
 from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
+from ecdysis.trainer.records import RoundRecord, SerialEdit
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 
@@ -145,8 +146,8 @@ async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) ->
     ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"))
     result = await train_async(ws.config, ws=ws)
     first = result.rounds[0]
-    assert first["train_score"] == 0.0 and first["recurring"] == 1 and first["accepted"]
-    assert result.rounds[1]["stop"] == "nothing recurring left" and len(result.rounds) == 2
+    assert first.train_score == 0.0 and first.recurring == 1 and first.accepted
+    assert result.rounds[1].stop == "nothing recurring left" and len(result.rounds) == 2
     assert result.test_before["accuracy"] == 0.0 and result.test_after["accuracy"] == 1.0
     assert json.loads((result.frozen_dir / "repairs.json").read_text()) == ["boxed_answer"]
     assert roles.calls == ["ANALYST", "CRITIC", "ENGINEER"] * 2 + ["MODERATOR"]  # one spec per round
@@ -168,11 +169,11 @@ async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path)
     ws2 = make_ws(tmp_path, resumed_roles, agent)
     result = await train_async(ws2.config, ws=ws2)
     assert resumed_roles.calls == ["CRITIC", "ENGINEER", "MODERATOR"]  # finished turns not repeated
-    assert result.rounds[0]["accepted"] and result.test_after["accuracy"] == 1.0
+    assert result.rounds[0].accepted and result.test_after["accuracy"] == 1.0
     (tmp_path / "ref").mkdir()
     ref_ws = make_ws(tmp_path / "ref", Roles(), ScriptedModel(add_answer, name="adder"))
     reference = await train_async(ref_ws.config, ws=ref_ws)
-    assert [r["accepted"] for r in result.rounds] == [r["accepted"] for r in reference.rounds]
+    assert [r.accepted for r in result.rounds] == [r.accepted for r in reference.rounds]
     assert result.final_harness_id == reference.final_harness_id
     # the collect evaluation finished before the kill and the repair leaves prompts unchanged, so the only
     # new agent calls are the 4 test tasks (the final harness's test run hits the cache)
@@ -212,9 +213,10 @@ async def test_repairs_bundled_with_a_harmful_prompt_edit_are_validated_alone(tm
     final = ws.store.load_version(result.final_harness_id)
     assert json.loads(final.files["repairs.json"]) == ["boxed_answer"]
     assert "add one to the result" not in final.files["contract.md"]
-    decision = ws.store.get_record(result.run_id, "decision", "r1")
-    variant = decision["variant"] if arm == "ecdysis" else decision["edits"][0]["variant"]
-    assert variant == "repairs only" and decision["accepted"]
+    decision = records.load(ws.store, result.run_id, RoundRecord, "r1")
+    assert decision is not None and decision == result.rounds[0]
+    variant = decision.variant if arm == "ecdysis" else decision.edits[0].variant
+    assert variant == "repairs only" and decision.accepted
 
 
 def test_wrong_but_parsed_answers_get_no_format_repair_suggested() -> None:
@@ -226,3 +228,26 @@ def test_wrong_but_parsed_answers_get_no_format_repair_suggested() -> None:
     assert any("parsed but is wrong" in lever and "model-level" in lever for lever in levers)
     rejected = [failure_record(traj(f"r{i}", "Final Answer: 7", rule="no-action"), 7) for i in range(3)]
     assert any("measured repairs" in lever for lever in suggest_levers(rejected))
+
+
+def test_round_records_are_typed_and_old_records_still_load(tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
+    from ecdysis.store.db import RunStore
+
+    store = RunStore(tmp_path)
+    old = {"round": 1, "harness_before": "a", "harness_after": "a", "train_score": 0.5, "accepted": False,
+           "patterns": 2, "recurring": 1, "edits": [{"task": "t1", "accepted": False, "attempted": False}]}
+    store.put_record("run", "decision", "r1", old)  # as an earlier version wrote it: no stop, no candidate
+    loaded = records.load(store, "run", RoundRecord, "r1")
+    assert loaded is not None and loaded.stop is None and loaded.edits[0].task == "t1"
+    assert loaded.attempts() == []  # the one edit was skipped (task already passed): nothing was spent
+    store.put_record("run", "decision", "r2", old | {"train_score": "most"})
+    with pytest.raises(ValidationError, match="train_score"):
+        records.load(store, "run", RoundRecord, "r2")
+    one = RoundRecord(round=3, harness_before="a", harness_after="b", train_score=1.0, candidate="b", accepted=True)
+    serial = RoundRecord(round=4, harness_before="b", harness_after="b", train_score=1.0,
+                         edits=[SerialEdit(task="x", accepted=True), SerialEdit(task="y", attempted=False)])
+    assert [e.accepted for e in one.attempts()] == [True] and [e.task for e in serial.attempts()] == ["x"]
+    records.put(store, "run", "r3", one)
+    assert records.load(store, "run", RoundRecord, "r3") == one

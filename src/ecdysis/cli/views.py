@@ -58,13 +58,13 @@ def train_summary(console: Console, r: Any) -> None:
     table.add_column("metric")
     table.add_column("value")
     for rec in r.rounds:
-        verdict = "accepted" if rec["accepted"] else "rejected"
-        table.add_row(f"round {rec['round']}", f"train {rec['train_score']:.3f}; {rec['recurring']} recurring; "
-                      f"{verdict}: {rec.get('reason', '')}")
+        verdict = "accepted" if rec.accepted else "rejected"
+        table.add_row(f"round {rec.round}", f"train {rec.train_score:.3f}; {rec.recurring} recurring; "
+                      f"{verdict}: {rec.reason or ''}")
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
     rule = r.accept_rule
-    table.add_row("edits decided on", f"{rule['accept_on']} ({rule['tasks']} tasks, {rule['rule']}): {rule['why']}")
+    table.add_row("edits decided on", f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}): {rule.why}")
     table.add_row("train accuracy", f"{r.train_before:.3f} -> {r.train_after:.3f}")
     if r.val_before is not None:
         table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")

@@ -49,7 +49,7 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
     result = TrainResult(
         run_id=run_id, arm=arm, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
         rounds=rounds, stop_reason=stop,
-        train_before=rounds[0]["train_score"] if rounds else 0.0,
+        train_before=rounds[0].train_score if rounds else 0.0,
         train_after=_train_after(ws, trainer, final), val_before=val_before, val_after=val_after,
         accept_rule=trainer.accept_rule,
         test_before=test_before, test_after=test_after,

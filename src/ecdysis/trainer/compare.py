@@ -103,9 +103,8 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
             result = await train_async(arm_cfg, arm, ws=ws)
         finally:
             ws.config = cfg
-        decisions = [r for r in result.rounds if "candidate" in r or r.get("edits")]
-        edits = [e for r in result.rounds for e in r.get("edits", []) if e.get("attempted", True)] or decisions
-        accepted = sum(1 for e in edits if e.get("accepted"))
+        edits = [e for r in result.rounds for e in r.attempts()]
+        accepted = sum(e.accepted for e in edits)
         test = result.test_after or {}
         out = ArmResult(arm, seed, result.wall_s, result.agent_executions, result.optimizer_calls,
                         result.optimizer_tokens, result.agent_tokens, accepted, len(edits) - accepted,

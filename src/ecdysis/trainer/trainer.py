@@ -20,11 +20,13 @@ from ..models.base import ChatRequest, ChatResponse
 from ..models.cache import MeteredModel
 from ..runner.runner import EvalSummary, Runner
 from ..workspace import Workspace
+from . import records
 from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
 from .fdcr import DEBATE_ROLES, SpecWriter
 from .implement import Implementer
 from .levers import attach, library_demo_spec, measure_repairs, measurement_records
+from .records import AcceptRule, RoundRecord, SpecRecord
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -39,13 +41,13 @@ class TrainResult:
     seed_harness_id: str
     final_harness_id: str
     frozen_dir: Path
-    rounds: list[dict[str, Any]]
+    rounds: list[RoundRecord]
     stop_reason: str
     train_before: float
     train_after: float
     val_before: float | None  # None when the environment has no val tasks
     val_after: float | None
-    accept_rule: dict[str, Any]
+    accept_rule: AcceptRule
     test_before: dict[str, Any] | None
     test_after: dict[str, Any] | None
     wall_s: float
@@ -56,7 +58,9 @@ class TrainResult:
     timings: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds],
+                      "accept_rule": self.accept_rule.model_dump(mode="json")}
 
 
 def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
@@ -79,9 +83,9 @@ class Trainer:
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
         self.val_tasks, self.accept_rule = self._acceptance_split()
-        self.store.put_record(run_id, "rule", "accept_on", self.accept_rule)
+        records.put(self.store, run_id, "accept_on", self.accept_rule)
 
-    def _acceptance_split(self) -> tuple[list[Task], dict[str, Any]]:
+    def _acceptance_split(self) -> tuple[list[Task], AcceptRule]:
         """The tasks edits are accepted on, and the rule as recorded with the run."""
         t = self.cfg.train
         val = self.ws.tasks("val", t.val_limit) if t.accept_on != "train" else []
@@ -89,21 +93,22 @@ class Trainer:
             raise ValueError(f"train.accept_on = 'val' but the environment has {len(val)} val task(s) "
                              f"(< train.min_val_tasks = {t.min_val_tasks}); use accept_on = 'train' or add val tasks")
         if t.accept_on != "train" and len(val) >= t.min_val_tasks:
-            return val, {"accept_on": "val", "tasks": len(val), "rule": t.acceptance,
-                         "why": "edits are decided on held-out val tasks that no optimizer role sees"}
+            return val, AcceptRule(accept_on="val", tasks=len(val), rule=t.acceptance,
+                                   why="edits are decided on held-out val tasks that no optimizer role sees")
         why = ("configured" if t.accept_on == "train"
                else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
-        return [], {"accept_on": "train", "tasks": len(self.train_tasks), "rule": t.acceptance, "why": why}
+        return [], AcceptRule(accept_on="train", tasks=len(self.train_tasks), rule=t.acceptance, why=why)
 
     def earlier_attempts(self, r: int) -> str:
         """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
         lines = []
         for k in range(1, r):
-            decision = self.store.get_record(self.run_id, "decision", f"r{k}") or {}
-            spec = (self.store.get_record(self.run_id, "spec", f"r{k}") or {}).get("spec")
-            changes = HarnessSpec.model_validate(spec).summary() if spec else ""
-            verdict = "accepted" if decision.get("accepted") else "rejected"
-            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({decision.get('reason', '')[:200]})")
+            decision = records.load(self.store, self.run_id, RoundRecord, f"r{k}")
+            spec = records.load(self.store, self.run_id, SpecRecord, f"r{k}")
+            changes = HarnessSpec.model_validate(spec.spec).summary() if spec and spec.spec else ""
+            verdict = "accepted" if decision and decision.accepted else "rejected"
+            reason = (decision.reason or "") if decision else ""
+            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
         return "\n".join(lines)
 
     def single_turn(self, harness: HarnessVersion) -> bool:
@@ -167,31 +172,30 @@ class Trainer:
         self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
         return trajectories, patterns
 
-    async def _round(self, r: int, current: HarnessVersion) -> dict[str, Any]:
+    async def _round(self, r: int, current: HarnessVersion) -> RoundRecord:
         key = f"r{r}"
         summary = await self._evaluate(current, f"{key}/collect")
         trajectories, patterns = await self._grounded_patterns(key, current, summary)
         self.view.round(r, current.id, summary.accuracy, patterns)
-        record: dict[str, Any] = {"round": r, "harness_before": current.id, "harness_after": current.id,
-                                  "train_score": summary.accuracy, "accepted": False,
-                                  "patterns": len(patterns),
-                                  "recurring": sum(p.classification == "recurring" for p in patterns)}
-        if record["recurring"] == 0:
-            return record | {"stop": "nothing recurring left", "reason": "no recurring pattern"}
-        spec_record = self.store.get_record(self.run_id, "spec", key)
+        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
+                             train_score=summary.accuracy, patterns=len(patterns),
+                             recurring=sum(p.classification == "recurring" for p in patterns))
+        if record.recurring == 0:
+            return record.model_copy(update={"stop": "nothing recurring left", "reason": "no recurring pattern"})
+        spec_record = records.load(self.store, self.run_id, SpecRecord, key)
         if spec_record is None:
             writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
             outcome = await self._timed(f"{key}/spec", lambda: writer.write(
                 key, current, patterns, self.cfg.train.debate_passes, debate=self.arm == "ecdysis",
                 earlier=self.earlier_attempts(r)))
-            spec_record = {"spec": outcome.spec.model_dump() if outcome.spec else None, "error": outcome.error}
-            self.store.put_record(self.run_id, "spec", key, spec_record)
+            spec_record = SpecRecord(spec=outcome.spec.model_dump() if outcome.spec else None, error=outcome.error)
+            records.put(self.store, self.run_id, key, spec_record)
         implementer = Implementer(
             self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
             self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
         spec, candidate = None, None
-        if spec_record["spec"] is not None:
-            spec = HarnessSpec.model_validate(spec_record["spec"])
+        if spec_record.spec is not None:
+            spec = HarnessSpec.model_validate(spec_record.spec)
             self.view.spec(spec)
             candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
                 current, spec, trajectories, single_turn=self.single_turn(current)))
@@ -199,26 +203,25 @@ class Trainer:
             # every measured lever is spent and the roles gave nothing that runs: the library's own
             # model-level candidate (a demonstration bootstrapped from a passing task), decided by acceptance
             spec = demo
-            record["library_candidate"] = "add_demo"
+            record.library_candidate = "add_demo"
             candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
                 current, demo, trajectories, single_turn=self.single_turn(current)))
         if spec is None or candidate is None:
-            return record | {"reason": spec_record["error"]}
+            return record.model_copy(update={"reason": spec_record.error})
         self.store.put_record(self.run_id, "candidate", key, {
             "harness": candidate.version.id if candidate.version else None, "applied": candidate.applied,
             "attempts": candidate.attempts, "error": candidate.error,
             "replay": candidate.replay.to_dict() if candidate.replay else None})
         if candidate.version is None:
-            return record | {"reason": f"no candidate passed the checks: {candidate.error}"}
+            return record.model_copy(update={"reason": f"no candidate passed the checks: {candidate.error}"})
         self.store.save_version(candidate.version, parent=current.id, note=f"{self.arm} {key}")
         chosen, validation, decision, variant = await self._validate(
             key, current, spec, candidate.version, summary.per_task, implementer, trajectories)
         self.view.decision(decision.accepted, f"{variant}: {decision.reason}")
-        record |= {"candidate": chosen.id, "candidate_score": validation.accuracy, "variant": variant,
-                   "decided_on": validation.split, "accepted": decision.accepted, "reason": decision.reason}
-        if decision.accepted:
-            record["harness_after"] = chosen.id
-        return record
+        return record.model_copy(update={
+            "candidate": chosen.id, "candidate_score": validation.accuracy, "variant": variant,
+            "decided_on": validation.split, "accepted": decision.accepted, "reason": decision.reason,
+            "harness_after": chosen.id if decision.accepted else current.id})
 
     async def _validate(self, key: str, current: HarnessVersion, spec: HarnessSpec, candidate: HarnessVersion,
                         base: dict[str, list[float]], implementer: Implementer,
@@ -245,21 +248,21 @@ class Trainer:
                           split=chosen[1].split or "train")
         return chosen[0], chosen[1], decision, variant
 
-    async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[dict[str, Any]], str]:
+    async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
         """Run up to R rounds; returns (final harness, round records, stop reason)."""
         self.store.save_version(seed, note="seed")
         current, rounds, rejected_in_a_row, stop = seed, [], 0, "round limit reached"
         for r in range(1, self.cfg.train.rounds + 1):
-            record = self.store.get_record(self.run_id, "decision", f"r{r}")
+            record = records.load(self.store, self.run_id, RoundRecord, f"r{r}")
             if record is None:
                 record = await self._round(r, current)
-                self.store.put_record(self.run_id, "decision", f"r{r}", record)
+                records.put(self.store, self.run_id, f"r{r}", record)
             rounds.append(record)
-            current = self.store.load_version(record["harness_after"])
-            if "stop" in record:
-                stop = record["stop"]
+            current = self.store.load_version(record.harness_after)
+            if record.stop is not None:
+                stop = record.stop
                 break
-            rejected_in_a_row = 0 if record["accepted"] else rejected_in_a_row + 1
+            rejected_in_a_row = 0 if record.accepted else rejected_in_a_row + 1
             if rejected_in_a_row >= 2:
                 stop = "nothing accepted twice in a row"
                 break

@@ -1,0 +1,93 @@
+"""Typed trainer records: what a round decided, a serial edit, a spec, the acceptance rule.
+
+They are stored as JSON rows (`RunStore.put_record`) and read back through `load`, so a resumed run,
+`compare`, the terminal views and the report all read the same fields by name, checked, instead of
+string keys into dicts. Fields added later have defaults, so records from older runs still load.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..store.db import RunStore
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class SerialEdit(Record):
+    """One per-failure edit of the serial baseline."""
+
+    task: str
+    accepted: bool = False
+    attempted: bool = True  # False: the task already passed with the current harness, nothing was spent
+    reason: str = ""
+    variant: str | None = None
+    harness: str | None = None
+    per_task: dict[str, list[float]] = Field(default_factory=dict)
+    tried: str | None = None
+
+
+class RoundRecord(Record):
+    """The outcome of one training round (key `r{round}` of kind `decision`)."""
+
+    round: int
+    harness_before: str
+    harness_after: str
+    train_score: float
+    accepted: bool = False
+    patterns: int = 0
+    recurring: int = 0
+    stop: str | None = None  # set when this round ends training
+    reason: str | None = None
+    candidate: str | None = None
+    candidate_score: float | None = None
+    variant: str | None = None
+    decided_on: str | None = None
+    library_candidate: str | None = None
+    edits: list[SerialEdit] = Field(default_factory=list)
+
+    def attempts(self) -> list[SerialEdit | RoundRecord]:
+        """The edits this round paid for: the serial baseline's attempted edits, else the round's own
+        candidate (if it reached validation)."""
+        if self.edits:
+            return [e for e in self.edits if e.attempted]
+        return [self] if self.candidate is not None else []
+
+
+class SpecRecord(Record):
+    """The round's spec as the roles wrote it (None when they gave nothing valid) and why."""
+
+    spec: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class AcceptRule(Record):
+    """Which split edits are decided on, by which rule, and why (recorded with the run)."""
+
+    accept_on: Literal["val", "train"]
+    tasks: int
+    rule: str
+    why: str
+
+
+R = TypeVar("R", bound=Record)
+
+KINDS: dict[type[Record], str] = {RoundRecord: "decision", SerialEdit: "serial-edit", SpecRecord: "spec",
+                                  AcceptRule: "rule"}
+
+
+def put(store: RunStore, run_id: str, key: str, record: Record) -> None:
+    store.put_record(run_id, KINDS[type(record)], key, record.model_dump(mode="json"))
+
+
+def load(store: RunStore, run_id: str, cls: type[R], key: str) -> R | None:
+    data = store.get_record(run_id, KINDS[cls], key)
+    return None if data is None else cls.model_validate(data)
+
+
+def load_all(store: RunStore, run_id: str, cls: type[R]) -> list[tuple[str, R]]:
+    return [(key, cls.model_validate(data)) for key, data in store.records(run_id, KINDS[cls])]
