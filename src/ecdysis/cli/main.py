@@ -6,13 +6,11 @@ import asyncio
 import hashlib
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from ..config import Config, ConfigError, load_config
 from ..envs import DataNotFoundError, TaskFileError, UnknownEnvironmentError
@@ -27,7 +25,8 @@ from ..models import (
     local_models,
 )
 from ..store.db import RunDirBusy
-from . import views
+from . import inspect, views
+from .common import JsonOpt, console, fail
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -35,19 +34,15 @@ models_app = typer.Typer(help="Local GGUF models.", no_args_is_help=True)
 runs_app = typer.Typer(help="Runs recorded in a run directory.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
 app.add_typer(runs_app, name="runs")
-# Not a terminal (a pipe, a file): no width limit, so ids and references are never cut.
-console = Console(width=None if sys.stdout.isatty() else 400)
+runs_app.command("list")(inspect.runs_list)
+app.command()(inspect.show)
+app.command()(inspect.report)
+app.command()(inspect.diff)
 USER_ERRORS = (RunDirBusy, ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
                ModelConfigError, ModelError, FileNotFoundError, ValueError)
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: section.key=value.")]
-
-
-def fail(message: str) -> None:
-    console.print(f"[bold red]error:[/] {message}")
-    raise typer.Exit(2)
 
 
 def build_config(config: Path | None, sets: list[str] | None, **flags: object) -> Config:
@@ -293,45 +288,6 @@ def compare(
     if not cfg.cache.isolate_arms:
         console.print("[yellow]cache.isolate_arms = false: later arms reused earlier arms' identical training calls, "
                       "so their training wall times are flattered; compare agent executions instead.[/]")
-
-
-@runs_app.command("list")
-def runs_list(run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default"),
-              as_json: JsonOpt = False) -> None:
-    """Runs stored in a run directory."""
-    from ..store import DB_NAME, RunStore
-
-    if not (run_dir / DB_NAME).exists():
-        fail(f"{run_dir} holds no run database ({DB_NAME})")
-    store = RunStore(run_dir)
-    if as_json:
-        views.print_json([{k: v for k, v in run.items() if k != "config"} | {"evaluations": len(
-            store.evaluations(run["id"]))} for run in store.runs()])
-        return
-    views.runs_table(console, store)
-
-
-@app.command()
-def show(
-    run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
-    run_dir: Annotated[Path, typer.Option(help="Run directory.")] = Path("runs/default"),
-    as_json: JsonOpt = False,
-) -> None:
-    """Details of one run: evaluations, failures by termination reason, model calls by role."""
-    from ..store import DB_NAME, RunStore
-
-    if not (run_dir / DB_NAME).exists():
-        fail(f"{run_dir} holds no run database ({DB_NAME})")
-    store = RunStore(run_dir)
-    record = store.run(run)
-    if record is None:
-        fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
-        return
-    if as_json:
-        views.print_json({"run": views.decoded(record), "evaluations": views.run_evaluations(store, record["id"]),
-                          "calls": store.call_totals(record["id"])})
-        return
-    views.run_detail(console, store, record)
 
 
 def main() -> None:

@@ -170,3 +170,33 @@ def run_detail(console: Console, store: RunStore, run: dict[str, Any]) -> None:
         calls.add_row(row["role"], str(row["calls"]), str(row["cache_hits"]), str(row["prompt_tokens"]),
                       str(row["completion_tokens"]), f"{row['model_time_s'] or 0:.1f}s", f"{row['cost_usd'] or 0:.4f}")
     console.print(calls)
+
+
+def training_overview(console: Console, run: Any) -> None:
+    """The report's summary card, rounds and lineage of a training run (a `report.data.RunView`)."""
+    from ..report.data import fmt, summary_card
+
+    card = Table(title=f"Training run {run.run_id} ({run.arm}, {run.status})", show_header=False)
+    card.add_column("metric")
+    card.add_column("value")
+    for label, value in summary_card(run):
+        card.add_row(label, value)
+    console.print(card)
+    rounds = Table(title="Rounds")
+    for col in ("round", "train", "patterns (recurring)", "candidate", "decision", "reason"):
+        rounds.add_column(col)
+    for r in run.rounds:
+        rec = r.record
+        verdict = "[green]accepted[/]" if rec.accepted else ("[yellow]stop[/]" if rec.stop else "[red]rejected[/]")
+        candidate = (f"{rec.candidate[:8]} {fmt(rec.candidate_score)} on {rec.decided_on}" if rec.candidate
+                     else "–")
+        rounds.add_row(str(rec.round), fmt(rec.train_score), f"{len(r.patterns)} ({rec.recurring})", candidate,
+                       verdict, rec.stop or rec.reason or "")
+    console.print(rounds)
+    lineage = Table(title="Harness lineage")
+    key_column(lineage, "version", [n.id for n in run.lineage])
+    for col in ("parent", "status", "note"):
+        lineage.add_column(col)
+    for n in run.lineage:
+        lineage.add_row(n.id, (n.parent or "")[:8], n.status, n.note)
+    console.print(lineage)

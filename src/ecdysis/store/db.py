@@ -138,6 +138,19 @@ class RunStore:
             raise KeyError(f"no harness version {version_id} in {self.path}")
         return version_from_files(json.loads(rows[0]["files"]), origin=f"version {version_id}")
 
+    def versions(self) -> list[dict[str, Any]]:
+        """Every harness version stored (id, name, parent, note, created), oldest first; files excluded."""
+        return [dict(r) for r in self._rows(
+            "SELECT id, name, parent, note, created FROM harness_versions ORDER BY created")]
+
+    def find_version(self, prefix: str) -> HarnessVersion:
+        """The version whose id is `prefix` or starts with it; KeyError naming the candidates otherwise."""
+        ids = [v["id"] for v in self.versions() if v["id"].startswith(prefix)]
+        if len(ids) != 1:
+            raise KeyError(f"{'no' if not ids else 'more than one'} harness version matches {prefix!r} in "
+                           f"{self.path}{': ' + ', '.join(ids) if ids else ''}")
+        return self.load_version(ids[0])
+
     # evaluations and trajectories
     def open_evaluation(self, eval_id: str, run_id: str, harness_id: str, model: str, env: str,
                         split: str, trials: int, n_tasks: int, label: str) -> None:

@@ -1,0 +1,94 @@
+"""Commands that read a run directory: `runs list`, `show`, `report`, `diff`. They never write to the store."""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..report.data import load_run
+from . import views
+from .common import JsonOpt, RunDirOpt, console, fail, open_store
+
+DEFAULT_RUN_DIR = Path("runs/default")
+
+
+def runs_list(run_dir: RunDirOpt = DEFAULT_RUN_DIR, as_json: JsonOpt = False) -> None:
+    """Runs stored in a run directory."""
+    store = open_store(run_dir)
+    if as_json:
+        views.print_json([{k: v for k, v in run.items() if k != "config"} | {"evaluations": len(
+            store.evaluations(run["id"]))} for run in store.runs()])
+        return
+    views.runs_table(console, store)
+
+
+def show(
+    run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    as_json: JsonOpt = False,
+) -> None:
+    """One run: its summary and rounds (training runs), evaluations, model calls by role."""
+    store = open_store(run_dir)
+    record = store.run(run)
+    if record is None:
+        fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
+        return
+    if as_json:
+        views.print_json({"run": views.decoded(record), "evaluations": views.run_evaluations(store, record["id"]),
+                          "calls": store.call_totals(record["id"])})
+        return
+    if record["kind"] == "train":
+        views.training_overview(console, load_run(store, record["id"]))
+    views.run_detail(console, store, record)
+
+
+def report(
+    run: Annotated[str, typer.Argument(help="Training run id (or a unique prefix).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
+) -> None:
+    """Write a self-contained HTML report of a training run (plots, rounds, diffs, lineage, trajectories)."""
+    from ..report.html import write_report
+
+    store = open_store(run_dir)
+    try:
+        path = write_report(store, run, output)
+    except (KeyError, ValueError) as exc:
+        fail(f"{exc.args[0] if exc.args else exc}; see `ecdysis runs list --run-dir {run_dir}`")
+        return
+    console.print(f"report written to {path} ({path.stat().st_size // 1024} KB)")
+    if open_browser and not webbrowser.open(path.resolve().as_uri()):
+        console.print(f"[yellow]no browser found here; open {path.resolve()} on a machine with one[/]")
+
+
+def diff(
+    run: Annotated[str, typer.Argument(help="Training run id (or a unique prefix).")],
+    old: Annotated[str, typer.Argument(help="Harness version id or prefix, or 'seed'.")] = "seed",
+    new: Annotated[str, typer.Argument(help="Harness version id or prefix, or 'final'.")] = "final",
+    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+) -> None:
+    """The harness diff between two versions of a run (default: seed -> final)."""
+    from rich.syntax import Syntax
+
+    from ..harness.manifest import diff_versions
+
+    store = open_store(run_dir)
+    try:
+        view = load_run(store, run)
+        names = {"seed": view.summary.get("seed_harness_id") or (view.lineage[0].id if view.lineage else ""),
+                 "final": view.summary.get("final_harness_id") or (view.rounds[-1].record.harness_after
+                                                                   if view.rounds else "")}
+        a, b = (store.find_version(names.get(ref, ref) or ref) for ref in (old, new))
+    except KeyError as exc:
+        fail(f"{exc.args[0]}; see `ecdysis show {run} --run-dir {run_dir}` for the versions")
+        return
+    text = diff_versions(a, b)
+    console.print(f"[bold]{a.id}[/] -> [bold]{b.id}[/]")
+    if not text:
+        console.print("[dim]the two versions are identical[/]")
+        return
+    console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))

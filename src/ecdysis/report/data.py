@@ -1,0 +1,245 @@
+"""What a report shows, read from the run store: one typed view per training run, no model calls.
+
+The HTML report, `ecdysis show` and `ecdysis diff` read these views; they never write to the store.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..agent.trajectory import Trajectory
+from ..harness.manifest import diff_versions
+from ..store.db import RunStore
+from ..trainer import records
+from ..trainer.records import AcceptRule, RoundRecord, SpecRecord
+
+
+@dataclass
+class EvalRow:
+    """One evaluation of the run, in the order it was started."""
+
+    id: str
+    label: str
+    split: str
+    harness_id: str
+    n_tasks: int
+    episodes: int
+    accuracy: float
+    tokens: int
+    wall_s: float
+
+
+@dataclass
+class PatternView:
+    """A failure pattern of one round and how many of its tasks passed in the next collect."""
+
+    data: dict[str, Any]
+    fixed_next: int | None  # None: no later train evaluation to tell
+
+    @property
+    def support(self) -> int:
+        return int(self.data.get("support", len(self.data.get("tasks", []))))
+
+    @property
+    def recurring(self) -> bool:
+        return self.data.get("classification") == "recurring"
+
+
+@dataclass
+class RoundView:
+    record: RoundRecord
+    patterns: list[PatternView]
+    transcript: list[dict[str, Any]]
+    spec: SpecRecord | None
+    candidate: dict[str, Any] | None
+    diff: str  # unified diff, current harness -> candidate ("" when no candidate was built)
+    collect_eval: str | None  # the evaluation the round's failures were collected from
+    elapsed_s: float  # cumulative training wall time at the end of this round
+
+
+@dataclass
+class VersionNode:
+    id: str
+    parent: str | None
+    note: str
+    status: str  # seed | accepted | rejected | final (accepted and last)
+
+
+@dataclass
+class RunView:
+    run_id: str
+    kind: str
+    status: str
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    rounds: list[RoundView] = field(default_factory=list)
+    evaluations: list[EvalRow] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    lineage: list[VersionNode] = field(default_factory=list)
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)  # anchor -> episode shown from evidence
+    accept_rule: AcceptRule | None = None
+
+    @property
+    def arm(self) -> str:
+        return str(self.summary.get("arm") or self.config.get("arm") or self.kind)
+
+    def models(self) -> dict[str, str]:
+        """Model references by use (agent, roles, user), as configured; a role left empty uses the agent's."""
+        agent = str(self.config.get("agent", {}).get("model", "?"))
+        roles = self.config.get("roles", {})
+        refs = sorted({str(roles.get(r) or agent) for r in ("analyst", "critic", "engineer", "moderator",
+                                                             "implementer")})
+        out = {"agent": agent, "roles": ", ".join(r if len(r) < 60 else r[:57] + "..." for r in refs)}
+        if user := (self.config.get("user") or {}).get("model"):
+            out["user"] = str(user)
+        return out
+
+    def split_sizes(self) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for e in self.evaluations:
+            sizes[e.split] = max(sizes.get(e.split, 0), e.n_tasks)
+        return sizes
+
+    def cost(self) -> dict[str, float]:
+        return {"usd": sum(c.get("cost_usd") or 0.0 for c in self.calls),
+                "calls": sum(c.get("calls") or 0 for c in self.calls),
+                "tokens": sum((c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0) for c in self.calls)}
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
+
+
+def summary_card(run: RunView) -> list[tuple[str, str]]:
+    s, cost = run.summary, run.cost()
+    test_before, test_after = s.get("test_before") or {}, s.get("test_after") or {}
+    sizes = run.split_sizes()
+    card = [
+        ("environment", str(run.config.get("env", {}).get("name", "?"))),
+        ("splits (tasks)", " / ".join(f"{k} {v}" for k, v in sizes.items()) or "–"),
+        ("arm", run.arm),
+        ("test accuracy seed → final", f"{fmt(test_before.get('accuracy'))} → {fmt(test_after.get('accuracy'))}"),
+        ("train accuracy", f"{fmt(s.get('train_before'))} → {fmt(s.get('train_after'))}"),
+    ]
+    if s.get("val_before") is not None:
+        card.append(("val accuracy", f"{fmt(s.get('val_before'))} → {fmt(s.get('val_after'))}"))
+    card += [
+        ("rounds", f"{len(run.rounds)} ({sum(r.record.accepted for r in run.rounds)} accepted)"),
+        ("training wall time", f"{s.get('wall_s', 0.0):.0f} s"),
+        ("agent executions", str(s.get("agent_executions", "–"))),
+        ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
+        ("cost", f"${cost['usd']:.4f}"),
+    ]
+    return card
+
+
+def trajectory_anchor(round_no: int, task_id: str) -> str:
+    return f"traj-r{round_no}-{task_id}"
+
+
+def _evaluations(store: RunStore, run_id: str) -> list[EvalRow]:
+    rows = []
+    for ev in store.evaluations(run_id):
+        summary = json.loads(ev["summary"]) if ev.get("summary") else {}
+        trajs = store.trajectories(ev["id"])
+        rows.append(EvalRow(
+            id=ev["id"], label=ev["label"] or "", split=ev["split"], harness_id=ev["harness_id"],
+            n_tasks=ev["n_tasks"], episodes=len(trajs),
+            accuracy=sum(t.score for t in trajs) / len(trajs) if trajs else 0.0,
+            tokens=sum(t.prompt_tokens + t.completion_tokens for t in trajs),
+            wall_s=float(summary.get("wall_s") or 0.0)))
+    return rows
+
+
+def _train_eval(evals: list[EvalRow], harness_id: str) -> EvalRow | None:
+    return next((e for e in evals if e.harness_id == harness_id and e.split == "train" and e.label == "train"), None)
+
+
+def _passing(store: RunStore, eval_row: EvalRow | None) -> set[str] | None:
+    if eval_row is None:
+        return None
+    return {t.task_id for t in store.trajectories(eval_row.id) if t.passed}
+
+
+def _elapsed(timings: dict[str, float], rounds: int) -> list[float]:
+    """Cumulative training wall time at the end of each round (from the recorded step timings)."""
+    out, total = [], 0.0
+    for r in range(1, rounds + 1):
+        total += sum(v for k, v in timings.items() if k.startswith(f"r{r}/"))
+        out.append(total)
+    return out
+
+
+def _lineage(store: RunStore, arm: str, rounds: list[RoundRecord], final_id: str | None) -> list[VersionNode]:
+    """The seed and the versions this arm built (a compare store holds every arm's versions)."""
+    accepted = {r.harness_after for r in rounds if r.accepted} | {e.harness for r in rounds for e in r.edits
+                                                                  if e.accepted and e.harness}
+    nodes = []
+    for v in store.versions():
+        if v["note"] != "seed" and not (v["note"] or "").startswith(f"{arm} "):
+            continue
+        if v["note"] == "seed" or not v["parent"]:
+            status = "seed"
+        elif v["id"] == final_id:
+            status = "final"
+        else:
+            status = "accepted" if v["id"] in accepted else "rejected"
+        nodes.append(VersionNode(v["id"], v["parent"], v["note"] or "", status))
+    return nodes
+
+
+def load_run(store: RunStore, run_id: str) -> RunView:
+    """Everything the report shows about one run. KeyError when the store has no such run."""
+    row = store.run(run_id)
+    if row is None:
+        raise KeyError(f"no run {run_id!r} in {store.path}")
+    run_id = row["id"]
+    view = RunView(run_id=run_id, kind=row["kind"], status=row["status"], config=json.loads(row["config"]),
+                   summary=json.loads(row["summary"]) if row.get("summary") else {})
+    view.evaluations = _evaluations(store, run_id)
+    view.calls = store.call_totals(run_id)
+    view.accept_rule = records.load(store, run_id, AcceptRule, "accept_on")
+    round_records = [r for _, r in records.load_all(store, run_id, RoundRecord)]
+    round_records.sort(key=lambda r: r.round)
+    elapsed = _elapsed(dict(store.records(run_id, "timing")), len(round_records))
+    final_id = view.summary.get("final_harness_id")
+    for i, rec in enumerate(round_records):
+        key = f"r{rec.round}"
+        collect = _train_eval(view.evaluations, rec.harness_before)
+        later = round_records[i + 1].harness_before if i + 1 < len(round_records) else (final_id or rec.harness_after)
+        passing_next = _passing(store, _train_eval(view.evaluations, later)) if later != rec.harness_before else None
+        patterns = [PatternView(p, None if passing_next is None else len(set(p.get("tasks", [])) & passing_next))
+                    for p in store.get_record(run_id, "patterns", key) or []]
+        candidate_id = rec.candidate or (store.get_record(run_id, "candidate", key) or {}).get("harness")
+        diff = ""
+        if candidate_id:
+            diff = diff_versions(store.load_version(rec.harness_before), store.load_version(candidate_id))
+        view.rounds.append(RoundView(
+            record=rec, patterns=patterns, transcript=store.get_record(run_id, "transcript", key) or [],
+            spec=records.load(store, run_id, SpecRecord, key), candidate=store.get_record(run_id, "candidate", key),
+            diff=diff, collect_eval=collect.id if collect else None,
+            elapsed_s=elapsed[i] if i < len(elapsed) else 0.0))
+        if collect is not None:
+            episodes = {t.task_id: t for t in store.trajectories(collect.id)}
+            for p in patterns:
+                for ev in p.data.get("evidence", []):
+                    if (task := ev.get("task_id")) in episodes:
+                        view.trajectories[trajectory_anchor(rec.round, task)] = episodes[task]
+    view.lineage = _lineage(store, view.arm, round_records, final_id)
+    return view
+
+
+def training_runs(store: RunStore) -> list[RunView]:
+    """Every training run in the store (the arms of a compare run share one store)."""
+    return [load_run(store, r["id"]) for r in store.runs() if r["kind"] == "train"]
+
+
+def compare_arms(store: RunStore) -> list[dict[str, Any]]:
+    """The recorded results of `ecdysis compare` in this store (one row per arm and seed), if any."""
+    return [data for _, data in store.records("compare", "arm")]

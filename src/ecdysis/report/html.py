@@ -1,0 +1,74 @@
+"""`ecdysis report`: one self-contained HTML file (inline CSS, SVG plots, no network) from the run store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup, escape
+
+from ..store.db import RunStore
+from .data import VersionNode, compare_arms, fmt, load_run, summary_card, training_runs, trajectory_anchor
+from .plots import all_plots
+
+COMPARE_COLUMNS = ("arm", "seed", "train_wall_s", "agent_executions", "optimizer_tokens", "accepted_edits",
+                   "rejected_edits", "train_acc", "val_acc", "test_acc", "speedup_vs_serial", "test_gain_vs_fixed")
+
+
+def diff_lines(diff: str) -> list[tuple[str, str]]:
+    """Each line of a unified diff with its CSS class (file header, hunk, added, deleted, context)."""
+    out = []
+    for line in diff.splitlines():
+        if line.startswith(("+++", "---")):
+            cls = "file"
+        elif line.startswith("@@"):
+            cls = "hunk"
+        elif line.startswith("+"):
+            cls = "add"
+        elif line.startswith("-"):
+            cls = "del"
+        else:
+            cls = "ctx"
+        out.append((cls, line))
+    return out
+
+
+def lineage_html(nodes: list[VersionNode]) -> Markup:
+    """The version tree as nested lists (parents before children)."""
+    children: dict[str | None, list[VersionNode]] = {}
+    known = {n.id for n in nodes}
+    for n in nodes:
+        children.setdefault(n.parent if n.parent in known else None, []).append(n)
+
+    def tree(parent: str | None) -> str:
+        items = []
+        for n in children.get(parent, []):
+            label = (f'<code>{escape(n.id[:12])}</code> <span class="badge {escape(n.status)}">{escape(n.status)}'
+                     f'</span> <span class="muted">{escape(n.note)}</span>')
+            items.append(f'<li id="version-{escape(n.id)}">{label}{tree(n.id)}</li>')
+        return f"<ul>{''.join(items)}</ul>" if items else ""
+
+    return Markup(tree(None) or '<p class="muted">no versions stored</p>')
+
+
+def render_report(store: RunStore, run_id: str) -> str:
+    """The report of one training run as HTML text. KeyError when the run is not in the store;
+    ValueError when it is not a training run."""
+    run = load_run(store, run_id)
+    if run.kind != "train":
+        raise ValueError(f"run {run.run_id} is a {run.kind} run; reports cover training runs "
+                         f"(see `ecdysis runs list --run-dir {store.run_dir}`)")
+    arms = [r for r in training_runs(store) if r.config.get("env", {}).get("name") == run.config.get("env", {})
+            .get("name")]
+    env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=select_autoescape())
+    template = env.get_template("report.html.j2")
+    return template.render(
+        run=run, card=summary_card(run), plots=all_plots(run, arms), compare=compare_arms(store),
+        compare_cols=COMPARE_COLUMNS, lineage_html=lineage_html(run.lineage), fmt=fmt, diff_lines=diff_lines,
+        anchor=trajectory_anchor, store_path=str(store.path))
+
+
+def write_report(store: RunStore, run_id: str, output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render_report(store, run_id), encoding="utf-8")
+    return output
