@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import Roles, add_answer, make_ws
 
-from ecdysis.models import ScriptedModel
+from ecdysis.models import Message, ScriptedModel
 from ecdysis.report.data import load_run, trajectory_anchor
 from ecdysis.report.html import render_report
 from ecdysis.store import RunStore
@@ -25,8 +25,12 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+def hostile_adder(messages: list[Message]) -> str:
+    return "<script>alert(1)</script> " + add_answer(messages)
+
+
 async def test_report_shows_every_round_with_numbers_from_the_store(tmp_path: Path) -> None:
-    ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"))
+    ws = make_ws(tmp_path, Roles(), ScriptedModel(hostile_adder, name="adder"))
     result = await train_async(ws.config, ws=ws)
     text = render_report(ws.store, result.run_id[:14])  # a unique prefix is enough
     assert len(result.rounds) == 2
@@ -38,9 +42,10 @@ async def test_report_shows_every_round_with_numbers_from_the_store(tmp_path: Pa
     assert html.unescape(card["train accuracy"]) == f"{result.train_before:.3f} → {result.train_after:.3f}"
     assert card["agent executions"] == str(result.agent_executions)
     assert card["rounds"] == "2 (1 accepted)"
-    assert '<div class="add">+["boxed_answer"]</div>' in text  # round 1's diff: the repair it enabled
+    assert '<div class="add">+[&#34;boxed_answer&#34;]</div>' in text  # round 1's diff: the repair it enabled
     assert f'id="version-{result.final_harness_id}"' in text and 'class="badge final"' in text
     assert text.count("<svg") == 4
+    assert "<script>alert" not in text and "&lt;script&gt;alert(1)" in text  # model text is escaped, not run
     assert not re.search(r"""(src|href)=["']?(https?:|//)|<link|@import""", text)  # self-contained: nothing fetched
     view = load_run(ws.store, result.run_id)
     evidence = [e["task_id"] for p in view.rounds[0].patterns for e in p.data["evidence"]]

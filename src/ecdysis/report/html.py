@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from ..store.db import RunStore
@@ -60,7 +60,7 @@ def render_report(store: RunStore, run_id: str) -> str:
                          f"(see `ecdysis runs list --run-dir {store.run_dir}`)")
     arms = [r for r in training_runs(store) if r.config.get("env", {}).get("name") == run.config.get("env", {})
             .get("name")]
-    env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=select_autoescape())
+    env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=True)  # model text is data
     template = env.get_template("report.html.j2")
     return template.render(
         run=run, card=summary_card(run), plots=all_plots(run, arms), compare=compare_arms(store),
