@@ -14,7 +14,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install -q -e ".[local,dev,tau2]"
+	$(BIN)/pip install -q -e ".[local,dev,tau2,ray]"
 	touch $@
 
 # The sandbox's OS boundary (bubblewrap, Debian package); without it workers fall back to in-process measures.

@@ -24,12 +24,19 @@ class ConfigError(ValueError):
     pass
 
 
+# run settings that change where and how fast episodes run, never their results (kept out of run ids)
+EXECUTION_ONLY = ("progress", "executor", "ray_address", "episode_retries")
+
+
 class RunSection(BaseModel):
     run_dir: Path = Path("runs/default")
     seed: int = 0
     concurrency: int = 2
     progress: bool = True
     max_agent_tokens: int | None = None  # budget for fresh (uncached) agent tokens; then no new episodes start
+    executor: Literal["local", "ray"] = "local"  # where episodes run: worker processes here, or Ray actors
+    ray_address: str = ""  # "" starts a local Ray cluster; "auto" or "ray://host:10001" joins an existing one
+    episode_retries: int = 2  # times an episode the executor lost (worker/node died) is retried
 
 
 class EnvSection(BaseModel):

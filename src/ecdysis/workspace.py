@@ -13,6 +13,7 @@ from .harness.generic_seed import generic_seed
 from .harness.manifest import HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner, SandboxLimits
+from .runner.executors import Executor, make_executor
 from .store import RunStore, claim_run_dir
 
 
@@ -96,10 +97,18 @@ class Workspace:
             user_model=(self.model(self.config.role_model("user"), role="user", cache_scope=cache_scope)
                         if getattr(self.env, "conversational", False) else None),
             user_settings={"max_turns": u.max_turns, "temperature": u.temperature, "max_tokens": u.max_tokens},
-            plugin_paths=[plugin] if plugin else [],
+            plugin_paths=[plugin] if plugin else [], executor=self.executor,
         )
 
+    @cached_property
+    def executor(self) -> Executor:
+        """One executor per workspace (a Ray executor keeps its actors between evaluations)."""
+        r = self.config.run
+        return make_executor(r.executor, r.ray_address, slots=r.concurrency, retries=r.episode_retries)
+
     def close(self) -> None:
+        if "executor" in self.__dict__:
+            self.executor.close()
         if "store" in self.__dict__:
             self.store.close()
         if self.__dict__.get("cache") is not None:

@@ -16,6 +16,9 @@ console = Console(width=None if sys.stdout.isatty() else 400)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 RunDirOpt = Annotated[Path, typer.Option(help="Run directory.")]
+ExecutorOpt = Annotated[str | None, typer.Option(help="Where episodes run: local (worker processes) | ray.")]
+RayAddressOpt = Annotated[str | None, typer.Option(help="Ray cluster: auto | ray://host:10001 "
+                                                         "(default: start a local one).")]
 
 
 def fail(message: str) -> None:

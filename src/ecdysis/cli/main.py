@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..config import Config, ConfigError, load_config
+from ..config import EXECUTION_ONLY, Config, ConfigError, load_config
 from ..envs import DataNotFoundError, TaskFileError, UnknownEnvironmentError
 from ..harness.manifest import HarnessError
 from ..models import (
@@ -26,7 +26,7 @@ from ..models import (
 )
 from ..store.db import RunDirBusy
 from . import inspect, views
-from .common import JsonOpt, console, fail
+from .common import ExecutorOpt, JsonOpt, RayAddressOpt, console, fail
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -193,6 +193,8 @@ def eval_cmd(
     concurrency: Annotated[int | None, typer.Option(help="Episodes in parallel.")] = None,
     timeout: Annotated[float | None, typer.Option(help="Seconds per task.")] = None,
     as_json: JsonOpt = False,
+    executor: ExecutorOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
     from ..workspace import Workspace
@@ -201,6 +203,7 @@ def eval_cmd(
         cfg = build_config(config, sets, **{
             "env.name": env, "agent.harness": harness, "agent.model": model, "eval.split": split,
             "eval.limit": limit, "eval.trials": trials, "run.run_dir": run_dir, "env.data_dir": data_dir,
+            "run.executor": executor, "run.ray_address": ray_address,
             "env.options.path": tasks_file, "env.options.grader": grader,
             "run.concurrency": concurrency, "sandbox.timeout_s": timeout, "user.model": user_model,
             "run.progress": False if as_json else None,
@@ -211,7 +214,8 @@ def eval_cmd(
         if not tasks:
             fail(f"no tasks in split {cfg.eval.split!r}")
         ws.model(cfg.agent.model)  # a bad model reference fails before anything is written
-        key = hashlib.sha256(cfg.model_dump_json().encode() + version.id.encode()).hexdigest()[:10]
+        key = hashlib.sha256(cfg.model_dump_json(exclude={"run": set(EXECUTION_ONLY)}).encode()
+                             + version.id.encode()).hexdigest()[:10]
         run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
         runner = ws.runner(run_id)
         summary = asyncio.run(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
@@ -239,6 +243,8 @@ def train(
     rounds: Annotated[int | None, typer.Option(help="Maximum rounds.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory.")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+    executor: ExecutorOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable."""
     from ..trainer import train as run_training
@@ -248,6 +254,7 @@ def train(
         cfg = build_config(config, sets, **{
             "env.name": env, "agent.harness": harness, "agent.model": model, "train.rounds": rounds,
             "run.run_dir": run_dir, "env.data_dir": data_dir, "user.model": user_model, **roles,
+            "run.executor": executor, "run.ray_address": ray_address,
         })
         result = run_training(cfg, arm=arm, console=console)
     except USER_ERRORS as exc:
@@ -265,13 +272,16 @@ def compare(
     seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
     transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
+    executor: ExecutorOpt = None,
+    ray_address: RayAddressOpt = None,
 ) -> None:
     """Run several arms on the same tasks, models and cache; print and save the comparison table."""
     from ..trainer.compare import compare as run_compare
     from ..trainer.compare import write_results
 
     try:
-        cfg = build_config(config, sets, **{"env.data_dir": data_dir})
+        cfg = build_config(config, sets, **{"env.data_dir": data_dir, "run.executor": executor,
+                                            "run.ray_address": ray_address})
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model))

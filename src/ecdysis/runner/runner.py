@@ -18,15 +18,16 @@ from typing import Any
 
 from rich.console import Console
 
-from ..agent.trajectory import Trajectory
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Environment, Score, Task
 from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, GenerationParams, Message, ModelError
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .confine import bwrap_path
+from .executors import Episode, Executor, LocalExecutor
 from .progress import EvalProgress
-from .sandbox import SandboxLimits, run_in_sandbox
+from .sandbox import SandboxLimits
 from .user_sim import UserSimulator
 
 
@@ -49,6 +50,7 @@ class EvalSummary:
     wall_s: float
     episodes: int
     per_task: dict[str, list[float]] = field(default_factory=dict)
+    infra_failures: int = 0  # episodes lost by the infrastructure (not scored; retried on the next run)
 
     @property
     def overhead_ratio(self) -> float:
@@ -77,7 +79,9 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(eval_id: str, harness_id: str, split: str, trials: int,
-              trajectories: list[Trajectory], wall_s: float) -> EvalSummary:
+              recorded: list[Trajectory], wall_s: float) -> EvalSummary:
+    """Scores over the episodes that ran; episodes the infrastructure lost are counted apart."""
+    trajectories = [t for t in recorded if t.termination != INFRA_ERROR]
     per_task: dict[str, list[float]] = {}
     for t in trajectories:
         per_task.setdefault(t.task_id, []).append(t.score)
@@ -96,7 +100,7 @@ def summarize(eval_id: str, harness_id: str, split: str, trials: int,
         model_calls=sum(t.model_calls for t in trajectories),
         cache_hits=sum(t.cache_hits for t in trajectories),
         model_time_s=sum(t.model_time_s for t in trajectories),
-        wall_s=wall_s, episodes=n, per_task=per_task,
+        wall_s=wall_s, episodes=n, per_task=per_task, infra_failures=len(recorded) - n,
     )
 
 
@@ -116,6 +120,7 @@ class Runner:
     user_model: MeteredModel | None = None  # the simulated user of conversation tasks
     user_settings: dict[str, Any] = field(default_factory=dict)  # UserSimulator fields: max_turns, temperature...
     plugin_paths: list[str] = field(default_factory=list)  # import path the sandbox needs for the env plugin
+    executor: Executor = field(default_factory=LocalExecutor)  # where episodes run (local processes, Ray)
     _warned: bool = False
 
     def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
@@ -186,15 +191,15 @@ class Runner:
                 if self._over_budget():
                     return
                 session = f"{eval_id}/{task.id}/{trial}"  # one episode: its model calls keep one local context
-                traj = await run_in_sandbox(
-                    harness, self.env_name, self.env_options, task, trial,
-                    lambda m, p: self._chat(eval_id, m, {**p, "session": session}), self.limits,
-                    user=self._user(eval_id, task, session), plugin_paths=self.plugin_paths,
-                    hidden=list(getattr(self.env, "sandbox_hidden", ())),
-                )
-                score = grade_safely(self.env, task, traj)
-                traj.score, traj.passed = score.value, score.passed
-                traj.score_detail, traj.score_components = score.detail, score.components
+                episode = Episode(harness, self.env_name, self.env_options, task, trial, self.limits,
+                                  self.plugin_paths, list(getattr(self.env, "sandbox_hidden", ())))
+                traj = await self.executor.run(
+                    episode, lambda m, p: self._chat(eval_id, m, {**p, "session": session}),
+                    self._user(eval_id, task, session))
+                if traj.termination != INFRA_ERROR:  # not the harness's doing: kept out of scores, retried on rerun
+                    score = grade_safely(self.env, task, traj)
+                    traj.score, traj.passed = score.value, score.passed
+                    traj.score_detail, traj.score_components = score.detail, score.components
                 self.store.record_trajectory(eval_id, traj)
                 progress.advance(traj)
 
@@ -202,7 +207,7 @@ class Runner:
             await asyncio.gather(*(one(t, k) for t, k in todo))
         trajectories = self.store.trajectories(eval_id)
         summary = summarize(eval_id, harness.id, split, trials, trajectories, time.perf_counter() - start)
-        complete = len(trajectories) == len(tasks) * trials
+        complete = summary.episodes == len(tasks) * trials
         record = summary.to_dict() | {"complete": complete, "budget_exhausted": self._over_budget()}
         self.store.finish_evaluation(eval_id, record)
         return summary

@@ -173,7 +173,9 @@ class RunStore:
         )
 
     def done_keys(self, eval_id: str) -> set[tuple[str, int]]:
-        rows = self._rows("SELECT task_id, trial FROM trajectories WHERE eval_id=?", (eval_id,))
+        """(task, trial) pairs finished for good (episodes the infrastructure lost are run again)."""
+        rows = self._rows("SELECT task_id, trial FROM trajectories WHERE eval_id=? AND termination != 'infra_error'",
+                          (eval_id,))
         return {(r["task_id"], r["trial"]) for r in rows}
 
     def count_trajectories(self, run_id: str, label: str) -> int:

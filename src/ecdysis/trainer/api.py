@@ -7,7 +7,7 @@ import hashlib
 
 from rich.console import Console
 
-from ..config import Config
+from ..config import EXECUTION_ONLY, Config
 from ..workspace import Workspace
 from .trainer import Trainer, TrainResult
 from .view import TrainView
@@ -16,8 +16,8 @@ ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
 def config_key(config: Config, suffix: str = "", length: int = 10) -> str:
-    """A stable hash of the config (display settings excluded) plus `suffix`."""
-    text = config.model_dump_json(exclude={"run": {"progress"}}) + suffix
+    """A stable hash of the config (display and execution settings excluded) plus `suffix`."""
+    text = config.model_dump_json(exclude={"run": set(EXECUTION_ONLY)}) + suffix
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 

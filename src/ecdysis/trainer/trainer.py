@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..agent.trajectory import Trajectory
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, ChatResponse
@@ -150,7 +150,7 @@ class Trainer:
         return await self._evaluate(version, key)
 
     def _patterns(self, summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
-        trajectories = self.store.trajectories(summary.eval_id)
+        trajectories = [t for t in self.store.trajectories(summary.eval_id) if t.termination != INFRA_ERROR]
         gold = {t.id: t.gold for t in self.train_tasks}
         threshold = self.cfg.train.failure_threshold
         failures = [failure_record(t, gold[t.task_id]) for t in trajectories if t.score < threshold]

@@ -1,0 +1,76 @@
+"""Where episodes run: the runner's one interface to local worker processes or a Ray cluster.
+
+An executor runs one episode (a harness on one task and trial) and returns its trajectory; the runner
+keeps everything else (concurrency, model calls and their cache and accounting, grading, recording), so
+every executor yields the same store contents. An executor never raises for a failed episode: a harness
+failure is a scored trajectory, and an episode the infrastructure lost (a Ray worker or node died) after
+its bounded retries is recorded with termination `infra_error`, kept apart from harness failures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..agent.trajectory import Trajectory
+from ..envs.base import Task
+from ..harness.manifest import HarnessVersion
+from .sandbox import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
+
+EXECUTORS = ("local", "ray")
+
+
+@dataclass
+class Episode:
+    """Everything a worker needs to run one episode (plain data: it crosses process and node boundaries)."""
+
+    harness: HarnessVersion
+    env_name: str
+    env_options: dict[str, Any]
+    task: Task
+    trial: int
+    limits: SandboxLimits
+    plugin_paths: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)
+
+
+class Executor(Protocol):
+    name: str
+
+    async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+        """Run the episode; `chat` and `user` are the host's handlers for its model and user turns."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LocalExecutor:
+    """Worker processes on this machine (bubblewrap-confined where available)."""
+
+    name = "local"
+
+    async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+        return await run_in_sandbox(episode.harness, episode.env_name, episode.env_options, episode.task,
+                                    episode.trial, chat, episode.limits, user=user,
+                                    plugin_paths=episode.plugin_paths, hidden=episode.hidden)
+
+    def close(self) -> None:
+        return None
+
+
+def infra_failure(episode: Episode, attempts: int, error: str) -> Trajectory:
+    """The record of an episode the infrastructure lost `attempts` times (not the harness's fault)."""
+    return Trajectory(task_id=episode.task.id, trial=episode.trial, harness_id=episode.harness.id,
+                      termination="infra_error", isolation="ray",
+                      traceback=f"lost by the infrastructure in {attempts} attempt(s); last error: {error}")
+
+
+def make_executor(name: str, ray_address: str = "", slots: int = 2, retries: int = 2) -> Executor:
+    """`local`, or `ray` (optional extra; connects to `ray_address`, `auto`, or starts a local cluster)."""
+    if name == "local":
+        return LocalExecutor()
+    if name == "ray":
+        from .ray_executor import RayExecutor
+
+        return RayExecutor(address=ray_address, slots=slots, retries=retries)
+    raise ValueError(f"unknown executor {name!r}; use one of {', '.join(EXECUTORS)}")

@@ -1,0 +1,133 @@
+"""The `ray` executor on a real local Ray cluster (ray.init on this machine): the same scores and store
+contents as the `local` executor, with the scripted and the embedded model; a Ray worker killed mid-batch
+costs only its episode, retried a bounded number of times, then recorded as an infrastructure failure."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray  # the `ray` extra; `make test` installs it
+from helpers import seed_files
+
+from ecdysis.config import load_config
+from ecdysis.models import Message, ScriptedModel
+from ecdysis.workspace import Workspace
+
+ROWS = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3), "split": "test"}
+        for i in range(5)]
+VOLATILE = ("wall_s", "latency_s", "model_time_s")  # timings differ run to run, whatever the executor
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster() -> Iterator[None]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def answer(messages: list[Message]) -> str:
+    a, b = map(int, [w.strip(".") for w in messages[-1].content.split() if w.strip(".").isdigit()][:2])
+    return f"Answer: {a + b if a != 3 else 0}"
+
+
+def workspace(tmp_path: Path, executor: str, model: str = "scripted:agent", *overrides: str) -> Workspace:
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
+    harness = tmp_path / "seed"
+    harness.mkdir(exist_ok=True)
+    for rel, text in seed_files("gsm8k").items():
+        (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
+                             f'agent.harness="{harness}"', f'agent.model="{model}"', "run.progress=false",
+                             f'run.run_dir="{tmp_path / executor}"', f'run.executor="{executor}"',
+                             f'cache.path="{tmp_path / executor / "cache.sqlite"}"', *overrides])
+    return Workspace.open(cfg)
+
+
+def stable(traj: Any) -> dict[str, Any]:
+    """A trajectory's stored contents without timings."""
+    data = traj.to_dict()
+    for key in VOLATILE:
+        data.pop(key, None)
+    for event in data["events"]:
+        for key in VOLATILE:
+            event.pop(key, None)
+    return data
+
+
+async def evaluate(ws: Workspace, run_id: str = "eval-x") -> Any:
+    runner = ws.runner(run_id)
+    return await runner.evaluate(ws.harness(), ws.tasks("test", None), 1, "test", "eval")
+
+
+async def test_ray_and_local_give_the_same_scores_and_store(tmp_path: Path) -> None:
+    results = {}
+    for executor in ("local", "ray"):
+        ws = workspace(tmp_path, executor)
+        ws.backends["agent|scripted:agent"] = ScriptedModel(answer, name="adder")
+        summary = await evaluate(ws)
+        results[executor] = (summary, [stable(t) for t in ws.store.trajectories(summary.eval_id)])
+        ws.close()
+    local, on_ray = results["local"], results["ray"]
+    assert on_ray[0].per_task == local[0].per_task and on_ray[0].accuracy == 0.8  # q0 is answered wrongly
+    assert on_ray[1] == local[1]
+
+
+async def test_ray_with_the_embedded_model_matches_local(tmp_path: Path, smollm_path: Path) -> None:
+    results = {}
+    for executor in ("local", "ray"):
+        ws = workspace(tmp_path, executor, "local:smollm2-135m", "cache.enabled=false")
+        harness = Path(ws.config.agent.harness)
+        manifest = (harness / "harness.toml").read_text()
+        (harness / "harness.toml").write_text(manifest.replace("max_tokens = 512", "max_tokens = 24"))
+        summary = await evaluate(ws)
+        trajectories = ws.store.trajectories(summary.eval_id)
+        results[executor] = (summary.per_task, [t.replies() for t in trajectories], sum(t.model_calls for t in
+                                                                                         trajectories))
+        ws.close()
+    assert results["ray"] == results["local"]
+    assert results["ray"][2] >= len(ROWS)  # the embedded model answered every episode, through the driver
+
+
+class Killer:
+    """A scripted model that kills the Ray actor running the episode when it sees `victim`'s prompt."""
+
+    def __init__(self, ws: Workspace, victim: str, times: int) -> None:
+        self.ws, self.victim, self.times, self.kills = ws, victim, times, 0
+
+    def __call__(self, messages: list[Message]) -> str:
+        if f"Add {self.victim} " in messages[-1].content and self.kills < self.times:
+            self.kills += 1
+            (actor,) = self.ws.executor.busy  # concurrency 1: the one in flight
+            os.kill(ray.get(actor.pid.remote()), signal.SIGKILL)
+        return answer(messages)
+
+
+async def test_killed_worker_is_retried_then_recorded_as_infrastructure_failure(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "ray", "scripted:agent", "run.concurrency=1", "run.episode_retries=1",
+                   "cache.enabled=false")  # every call reaches the model (the killer)
+    killer = Killer(ws, victim="2", times=1)  # killed once: the retry finishes the episode
+    ws.backends["agent|scripted:agent"] = ScriptedModel(killer, name="adder")
+    summary = await evaluate(ws, "eval-once")
+    assert killer.kills == 1 and summary.episodes == 5 and summary.infra_failures == 0
+    assert summary.per_task["q2"] == [1.0]
+
+    killer = Killer(ws, victim="4", times=10)  # killed on every attempt: 2 attempts (1 retry), then recorded
+    ws.backends["agent|scripted:agent"] = ScriptedModel(killer, name="adder")
+    ws.models.clear()
+    summary = await evaluate(ws, "eval-always")
+    assert killer.kills == 2
+    assert summary.infra_failures == 1 and summary.episodes == 4 and "q4" not in summary.per_task
+    lost = [t for t in ws.store.trajectories(summary.eval_id) if t.task_id == "q4"]
+    assert lost[0].termination == "infra_error" and "2 attempt(s)" in (lost[0].traceback or "")
+    assert summary.accuracy == 0.75  # over the episodes that ran (q0 wrong): the lost one is not a harness failure
+
+    killer.times = 0  # the next run of the same evaluation retries only the lost episode
+    rerun = await evaluate(ws, "eval-always")
+    assert rerun.episodes == 5 and rerun.infra_failures == 0 and rerun.per_task["q4"] == [1.0]
+    ws.close()
