@@ -19,8 +19,6 @@ import json
 import re
 from typing import Any
 
-import jsonschema
-
 from .api import Action, ActionContext, Reject, Reply, ToolCall, ToolSpec, answer, call, respond
 
 TEXT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"input": {"type": "string"}},
@@ -80,6 +78,8 @@ def validate(action: Action, tools: tuple[ToolSpec, ...]) -> tuple[str, str] | N
     if action.arguments is None:
         return "invalid_arguments", (f"Error: the arguments of {action.tool} are not a JSON object: "
                                      f"{action.input[:200]!r}. Send arguments as JSON matching the schema.")
+    import jsonschema  # imported on first schema check: episodes without schema tools never pay for it
+
     try:
         jsonschema.validate(action.arguments, spec.parameters)
     except jsonschema.ValidationError as exc:

@@ -1,0 +1,117 @@
+"""Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
+
+    .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48]
+
+Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
+`ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
+replays the exact requests that evaluation sent straight to the server with the OpenAI client at the same
+concurrency (no sandbox, no store). The ratio of the two wall times is what the framework costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+
+from ecdysis.config import load_config
+from ecdysis.harness.manifest import set_manifest_value
+from ecdysis.models import local_models
+from ecdysis.workspace import Workspace, seed_harness_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model_path: Path, port: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias",
+                             "bench", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            return proc
+        except OSError:
+            time.sleep(0.3)
+    proc.kill()
+    raise RuntimeError("llama.cpp server did not start")
+
+
+async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_tokens: int) -> tuple[float, list]:
+    rows = [{"id": f"t{i}", "prompt": f"What is {i} plus {2 * i + 1}? Reply with the number.", "answer": str(3 * i + 1),
+             "split": "test"} for i in range(tasks)]
+    (tmp / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    harness = tmp / "harness"
+    harness.mkdir(exist_ok=True)
+    for path in seed_harness_dir("jsonl").iterdir():
+        (harness / path.name).write_text(path.read_text())
+    manifest = harness / "harness.toml"
+    manifest.write_text(set_manifest_value(manifest.read_text(), "generation", "max_tokens", max_tokens))
+    ref = f"{base}::bench"
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp / "tasks.jsonl"}"', f'agent.harness="{harness}"',
+                             f'agent.model="{ref}"', "run.progress=false", f'run.run_dir="{tmp / f"run{concurrency}"}"',
+                             f"run.concurrency={concurrency}", "cache.enabled=false",
+                             f'model_settings."{ref}".max_concurrency={concurrency}'])
+    ws = Workspace.open(cfg)
+    start = time.perf_counter()
+    summary = await ws.runner("bench").evaluate(ws.harness(), ws.tasks("test", None), 1, "test", "eval")
+    wall = time.perf_counter() - start
+    requests = [(e["messages"], e.get("usage", {})) for t in ws.store.trajectories(summary.eval_id)
+                for e in t.of_kind("model")]
+    ws.close()
+    return wall, requests
+
+
+async def direct(base: str, requests: list, concurrency: int, max_tokens: int) -> float:
+    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
+    semaphore = asyncio.Semaphore(concurrency)
+
+    async def one(messages: list) -> None:
+        async with semaphore:
+            await client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
+                                                 temperature=0.0)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(m) for m, _ in requests))
+    wall = time.perf_counter() - start
+    await client.close()
+    return wall
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=24)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    args = parser.parse_args()
+    port = free_port()
+    server = start_server(local_models.resolve_verified(args.model), port)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            await framework(Path(tmp), base, 4, 4, args.max_tokens)  # warm-up: server, imports, page cache
+            print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, llama-cpp-python server")
+            for concurrency in (1, 4, 16):
+                wall, requests = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens)
+                raw = await direct(base, requests, concurrency, args.max_tokens)
+                print(f"concurrency {concurrency:2}: framework {wall:6.1f}s ({len(requests) / wall:5.2f} req/s)  "
+                      f"server alone {raw:6.1f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f}", flush=True)
+    finally:
+        server.kill()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
