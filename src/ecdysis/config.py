@@ -111,7 +111,10 @@ class TrainSection(BaseModel):
     min_val_tasks: int = 4
     tolerance: float = 0.05
     implement_attempts: int = 4
-    implementer_command: str | None = None  # external coding agent: runs in a copy of the harness dir
+    implementer_command: str | None = None  # external coding agent: runs confined in a copy of the harness dir
+    implementer_timeout_s: float = 900.0  # the external command is killed after this long
+    implementer_network: bool = False  # let the external command reach the network (a hosted model API)
+    implementer_env: list[str] = Field(default_factory=list)  # host variables passed to it (e.g. its API key)
     max_evidence_per_pattern: int = 3
     serial_max_edits: int = 20  # the serial baseline's total edit attempts
 

@@ -28,6 +28,7 @@ from pathlib import Path
 
 SANDBOX_HOME = "/sandbox"
 NOBODY = "65534"
+TOOL_WORKDIR = "/harness"  # where an external tool sees its writable copy (not a host path: binds stay visible)
 SYSTEM_DIRS = ("/usr", "/bin", "/lib", "/lib64", "/lib32", "/etc/alternatives", "/etc/ld.so.cache")
 
 
@@ -84,4 +85,34 @@ def confine_argv(command: list[str], env: dict[str, str], src_root: str, read_on
     argv += ["--remount-ro", "/"]  # the sandbox's own root (mount points) is read-only too
     for key, value in env.items():
         argv += ["--setenv", key, SANDBOX_HOME if key in ("HOME", "TMPDIR") else value]
+    return [*argv, "--", *command]
+
+
+def confine_tool_argv(command: list[str], workdir: str, env: dict[str, str], network: bool,
+                      tmp_mb: int = 512) -> list[str] | None:
+    """An external tool (the implementer's coding agent) confined like a worker, or None without bwrap.
+
+    It sees the system and Python runtime read-only, its own executable's folder read-only, and exactly one
+    writable folder, `workdir` (a copy of the harness), mounted at /harness; a private tmpfs home and /tmp; a
+    cleared environment plus `env`; no network unless `network` (for agents that call a hosted model API:
+    then DNS and TLS configuration are visible too). Nothing else of the host: not the run store, the task
+    data, other runs, the user's home or keys not passed in `env`."""
+    exe = bwrap_path()
+    if exe is None:
+        return None
+    argv = [exe, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", NOBODY, "--gid", NOBODY, "--proc", "/proc", "--dev", "/dev",
+            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
+            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_HOME, "--clearenv"]
+    tool_dir = shutil.which(command[0])
+    readable = [*SYSTEM_DIRS, *runtime_paths(str(Path(__file__).resolve().parents[2])),
+                *([str(Path(tool_dir).resolve().parent)] if tool_dir else []),
+                *(("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates") if network else ())]
+    for path in dict.fromkeys(readable):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    argv += ["--bind", workdir, TOOL_WORKDIR, "--chdir", TOOL_WORKDIR]
+    for key, value in {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SANDBOX_HOME, "TMPDIR": "/tmp",
+                       "LANG": "C.UTF-8", **env}.items():
+        argv += ["--setenv", key, value]
     return [*argv, "--", *command]

@@ -4,14 +4,18 @@ Text and JSON levers (rules, repairs, skills, demos, max_tokens) are applied det
 `edit_code` changes go to the implementer model, which returns whole files as JSON; several samples
 are drawn and the first that passes every check wins (failed checks are shown to the next sample).
 An external coding-agent command may be used instead: it runs in a copy of the harness directory
-with the spec in SPEC.json.
+with the spec in SPEC.json, confined by bubblewrap (that copy is all it can write; no network unless
+configured; only the host variables it is given) and killed after its timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import shlex
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +28,7 @@ from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
+from ..runner.confine import confine_tool_argv
 from ..runner.sandbox import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
 from .fdcr import render
@@ -129,6 +134,30 @@ def reply_content(text: str) -> str:
     return obj["content"]
 
 
+@dataclass(frozen=True)
+class ExternalCommand:
+    """The external coding agent (`train.implementer_command`) and its confinement."""
+
+    command: str
+    timeout_s: float = 900.0
+    network: bool = False
+    env_names: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, train: Any) -> ExternalCommand | None:
+        if not train.implementer_command:
+            return None
+        return cls(train.implementer_command, train.implementer_timeout_s, train.implementer_network,
+                   tuple(train.implementer_env))
+
+    def argv(self, workdir: str) -> tuple[list[str], bool]:
+        """(argv, confined): bubblewrap-confined where available, else the bare command."""
+        command = shlex.split(self.command)
+        env = {k: os.environ[k] for k in self.env_names if k in os.environ}
+        confined = confine_tool_argv(command, workdir, env, self.network)
+        return (confined, True) if confined else (command, False)
+
+
 @dataclass
 class Implementer:
     model: MeteredModel | None
@@ -136,7 +165,7 @@ class Implementer:
     train_tasks: list[Task]
     limits: SandboxLimits
     attempts: int = 4
-    external_command: str | None = None
+    external: ExternalCommand | None = None
 
     async def _rewrite(self, files: dict[str, str], change: Change, examples: list[str], error: str,
                        sample: int) -> str:
@@ -151,12 +180,27 @@ class Implementer:
         return reply_content(response.text)
 
     async def _external(self, current: HarnessVersion, spec: HarnessSpec) -> dict[str, str]:
+        assert self.external is not None
         with tempfile.TemporaryDirectory(prefix="ecdysis-impl-") as tmp:
             directory = current.write(Path(tmp) / "harness")
             (directory / "SPEC.json").write_text(spec.model_dump_json(indent=2))
-            proc = await asyncio.create_subprocess_exec(*shlex.split(str(self.external_command)), cwd=directory)
-            if await proc.wait() != 0:
-                raise CheckFailed(f"implementer command exited with {proc.returncode}")
+            argv, confined = self.external.argv(str(directory))
+            env = None if confined else {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(directory),
+                                         **{k: os.environ[k] for k in self.external.env_names if k in os.environ}}
+            proc = await asyncio.create_subprocess_exec(
+                *argv, cwd=directory, env={} if confined else env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            try:
+                output, _ = await asyncio.wait_for(proc.communicate(), timeout=self.external.timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+                raise CheckFailed(f"implementer command timed out after {self.external.timeout_s:g}s "
+                                  "(train.implementer_timeout_s)") from None
+            if proc.returncode != 0:
+                tail = output.decode(errors="replace").strip()[-800:]
+                raise CheckFailed(f"implementer command exited with {proc.returncode}: {tail}")
             (directory / "SPEC.json").unlink(missing_ok=True)
             return load_harness(directory).files
 
@@ -168,11 +212,11 @@ class Implementer:
         examples = [r for t in trajectories if not t.passed for r in t.replies()[-1:]]
         candidate = Candidate(None, applied=notes)
         error = ""
-        tries = self.attempts if (code_changes or self.external_command) else 1
+        tries = self.attempts if (code_changes or self.external) else 1
         for sample in range(tries):
             files = dict(base_files)
             try:
-                if self.external_command:
+                if self.external:
                     files = await self._external(current, spec)
                 for change in code_changes:
                     files[change.file] = await self._rewrite(files, change, examples, error, sample)

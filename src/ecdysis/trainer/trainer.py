@@ -24,7 +24,7 @@ from . import records
 from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
 from .fdcr import DEBATE_ROLES, SpecWriter
-from .implement import Implementer
+from .implement import ExternalCommand, Implementer
 from .levers import attach, library_demo_spec, measure_repairs, measurement_records
 from .records import AcceptRule, RoundRecord, SpecRecord
 from .spec import HarnessSpec
@@ -192,7 +192,7 @@ class Trainer:
             records.put(self.store, self.run_id, key, spec_record)
         implementer = Implementer(
             self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
-            self.cfg.train.implement_attempts, self.cfg.train.implementer_command)
+            self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train))
         spec, candidate = None, None
         if spec_record.spec is not None:
             spec = HarnessSpec.model_validate(spec_record.spec)
