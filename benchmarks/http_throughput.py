@@ -1,6 +1,6 @@
 """Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
 
-    .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48]
+    .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48] [--explain]
 
 Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
 `ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
@@ -50,8 +50,10 @@ def start_server(model_path: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("llama.cpp server did not start")
 
 
-async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_tokens: int) -> tuple[float, list]:
-    rows = [{"id": f"t{i}", "prompt": f"What is {i} plus {2 * i + 1}? Reply with the number.", "answer": str(3 * i + 1),
+async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_tokens: int,
+                    explain: bool = False) -> tuple[float, list]:
+    ask = "Explain step by step in a few sentences, then give the number." if explain else "Reply with the number."
+    rows = [{"id": f"t{i}", "prompt": f"What is {i} plus {2 * i + 1}? {ask}", "answer": str(3 * i + 1),
              "split": "test"} for i in range(tasks)]
     (tmp / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     harness = tmp / "harness"
@@ -61,8 +63,9 @@ async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_toke
     manifest = harness / "harness.toml"
     manifest.write_text(set_manifest_value(manifest.read_text(), "generation", "max_tokens", max_tokens))
     ref = f"{base}::bench"
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp / "tasks.jsonl"}"', f'agent.harness="{harness}"',
-                             f'agent.model="{ref}"', "run.progress=false", f'run.run_dir="{tmp / f"run{concurrency}"}"',
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp / "tasks.jsonl"}"',
+                             f'agent.harness="{harness}"', f'agent.model="{ref}"', "run.progress=false",
+                             f'run.run_dir="{tmp / f"run{concurrency}"}"',
                              f"run.concurrency={concurrency}", "cache.enabled=false",
                              f'model_settings."{ref}".max_concurrency={concurrency}'])
     ws = Workspace.open(cfg)
@@ -96,6 +99,7 @@ async def main() -> None:
     parser.add_argument("--tasks", type=int, default=24)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--explain", action="store_true", help="prompts that ask for longer replies")
     args = parser.parse_args()
     port = free_port()
     server = start_server(local_models.resolve_verified(args.model), port)
@@ -103,12 +107,17 @@ async def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             await framework(Path(tmp), base, 4, 4, args.max_tokens)  # warm-up: server, imports, page cache
-            print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, llama-cpp-python server")
+            print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, explain {args.explain}, "
+                  "llama-cpp-python server")
             for concurrency in (1, 4, 16):
-                wall, requests = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens)
+                wall, requests = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens,
+                                                 args.explain)
                 raw = await direct(base, requests, concurrency, args.max_tokens)
-                print(f"concurrency {concurrency:2}: framework {wall:6.1f}s ({len(requests) / wall:5.2f} req/s)  "
-                      f"server alone {raw:6.1f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f}", flush=True)
+                tokens = sum(u.get("completion_tokens", 0) for _, u in requests)
+                print(f"concurrency {concurrency:2}: {len(requests)} calls, {tokens} completion tokens; "
+                      f"framework {wall:6.1f}s ({len(requests) / wall:5.2f} req/s)  "
+                      f"server alone {raw:6.1f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f}",
+                      flush=True)
     finally:
         server.kill()
 
