@@ -119,9 +119,9 @@ class MeteredModel:
                 raise
             finally:
                 del self._inflight[key]
-            if self.cache is not None:
-                self.cache.put(key, response)
         self.stats.add(response)
-        for listener in self.listeners:
-            listener(self.role, request, response)
+        for listener in self.listeners:  # accounted before cached: a kill in between re-pays (and counts) the
+            listener(self.role, request, response)  # call on resume instead of serving it uncounted
+        if self.cache is not None and not response.cache_hit:
+            self.cache.put(key, response)
         return response
