@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,37 +59,6 @@ async def test_second_identical_call_hits_cache_without_model_time(smollm_path: 
     assert second.cache_hit and second.text == first.text and second.latency_s == 0.0
     assert metered.stats.cache_hits == 1 and metered.stats.model_time_s == first.latency_s
     assert elapsed < first.latency_s
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture()
-def llama_server(smollm_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm_path), "--model_alias", "smol",
-         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "1024"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + 90
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"{base}/models", timeout=2).read()
-            break
-        except OSError:
-            assert proc.poll() is None, "llama.cpp server exited during start-up"
-            time.sleep(0.3)
-    else:
-        proc.kill()
-        pytest.fail("llama.cpp server did not start within 90s")
-    yield proc, base
-    proc.kill()
-    proc.wait()
 
 
 async def test_http_backend_against_real_llama_server(llama_server: tuple[subprocess.Popen[bytes], str]) -> None:

@@ -90,7 +90,8 @@ class AgentSession:
         self.traj.completion_tokens += int(usage.get("completion_tokens", 0))
         self.traj.add("model", self.turn, messages=messages, reply=result["text"], tool_calls=calls,
                       finish_reason=result.get("finish_reason", ""), usage=usage,
-                      latency_s=result.get("latency_s", 0.0), cache_hit=bool(result.get("cache_hit")))
+                      latency_s=result.get("latency_s", 0.0), cache_hit=bool(result.get("cache_hit")),
+                      retries=int(result.get("retries", 0)))
         return as_reply({"text": result["text"], "tool_calls": calls})
 
     def step(self, action: Action) -> str:

@@ -47,6 +47,8 @@ def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -
     table.add_row("terminations", ", ".join(f"{k}={v}" for k, v in sorted(s.terminations.items())))
     table.add_row("tokens (prompt + completion)", f"{s.prompt_tokens} + {s.completion_tokens}")
     table.add_row("model calls (cache hits)", f"{s.model_calls} ({s.cache_hits})")
+    if s.model_retries or s.infra_failures:
+        table.add_row("model retries / episodes lost to infrastructure", f"{s.model_retries} / {s.infra_failures}")
     table.add_row("wall time (this invocation)", f"{s.wall_s:.1f}s")
     table.add_row("model time (all episodes)", f"{s.model_time_s:.1f}s")
     console.print(table)

@@ -86,6 +86,7 @@ class ChatResponse(BaseModel):
     cost_usd: float = 0.0
     model_id: str = ""
     cache_hit: bool = False
+    retries: int = 0  # attempts beyond the first that this reply took (429s, 5xx, timeouts, malformed bodies)
 
 
 _SECRETS = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|(?<=Bearer )[A-Za-z0-9._\-]{8,}"

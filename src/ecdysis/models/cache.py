@@ -103,10 +103,12 @@ class MeteredModel:
         key = cache_key(f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity, request)
         response = self.cache.get(key) if self.cache else None
         if response is not None:
-            response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0})
+            response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,
+                                                    "retries": 0})
         elif key in self._inflight:  # an identical call is running: share its result
             shared = await asyncio.shield(self._inflight[key])
-            response = shared.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0})
+            response = shared.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,
+                                                  "retries": 0})
         else:
             future: asyncio.Future[ChatResponse] = asyncio.get_running_loop().create_future()
             self._inflight[key] = future

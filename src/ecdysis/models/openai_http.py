@@ -1,13 +1,15 @@
 """OpenAI-compatible HTTP backend (OpenAI, vLLM, SGLang, Ollama, llama.cpp server, routers).
 
-Retries with exponential backoff and jitter on 429, 5xx, timeouts and connection errors (tenacity);
-never on other 4xx. A semaphore per endpoint bounds concurrency; `total_timeout_s` bounds a call
-including all its retries.
+Retries with exponential backoff and jitter on 429, 5xx, timeouts, connection errors and malformed
+responses (a body that is not a chat completion) (tenacity); never on other 4xx. The retries a reply
+took are part of the response, so trajectories record what the endpoint put the run through. A
+semaphore per endpoint bounds concurrency; `total_timeout_s` bounds a call including all its retries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -26,9 +28,14 @@ from .toolcalls import call_id, split_tool_calls, tool_names_of
 _SEMAPHORES: dict[tuple[str, int], asyncio.Semaphore] = {}
 
 
+class MalformedResponse(Exception):
+    """The server answered 200 with something that is not a chat completion."""
+
+
 def is_retryable(exc: BaseException) -> bool:
-    """429, 5xx, timeouts and connection errors are transient; every other error is final."""
-    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+    """429, 5xx, timeouts, connection errors and malformed bodies are transient; every other error is final."""
+    if isinstance(exc, (openai.APIConnectionError, MalformedResponse, json.JSONDecodeError,
+                        openai.APIResponseValidationError)):  # APIConnectionError includes APITimeoutError
         return True
     if isinstance(exc, openai.APIStatusError):
         return exc.status_code == 429 or exc.status_code >= 500
@@ -102,7 +109,7 @@ class OpenAICompatModel:
             if p.tool_choice is not None:
                 kwargs["tool_choice"] = p.tool_choice
         try:
-            return await self._client.chat.completions.create(**kwargs)
+            return _checked(await self._client.chat.completions.create(**kwargs))
         except openai.APIStatusError as exc:
             # Some servers (llama-cpp-python) only take {"type": "json_object", "schema": ...}
             # and reject the OpenAI form with a 400, 422 or even a 500 naming response_format.
@@ -111,9 +118,10 @@ class OpenAICompatModel:
                 raise
             self._schema_style = "json_object"
             kwargs["response_format"] = self._response_format(p.json_schema)
-            return await self._client.chat.completions.create(**kwargs)
+            return _checked(await self._client.chat.completions.create(**kwargs))
 
-    async def _with_retries(self, request: ChatRequest) -> Any:
+    async def _with_retries(self, request: ChatRequest) -> tuple[Any, int]:
+        """(completion, retries it took)."""
         retrying = AsyncRetrying(
             retry=retry_if_exception(is_retryable),
             stop=stop_after_attempt(self.max_retries + 1),
@@ -122,14 +130,14 @@ class OpenAICompatModel:
         )
         async for attempt in retrying:
             with attempt:
-                return await self._attempt(request)
+                return await self._attempt(request), attempt.retry_state.attempt_number - 1
         raise AssertionError("unreachable")
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         start = time.perf_counter()
         try:
             async with _endpoint_semaphore(self.base_url, self.max_concurrency):
-                completion = await asyncio.wait_for(
+                completion, retries = await asyncio.wait_for(
                     self._with_retries(request), timeout=self.total_timeout_s
                 )
         except TimeoutError as exc:
@@ -144,6 +152,9 @@ class OpenAICompatModel:
             ) from exc
         except openai.APIStatusError as exc:
             raise ModelError(f"{self.identity}: HTTP {exc.status_code}: {exc.message}", self._secrets) from exc
+        except (MalformedResponse, json.JSONDecodeError, openai.APIResponseValidationError) as exc:
+            raise ModelError(f"{self.identity}: malformed response after {self.max_retries + 1} attempts: "
+                             f"{str(exc)[:300]}", self._secrets) from exc
         choice = completion.choices[0]
         u = completion.usage
         cached = 0
@@ -169,4 +180,13 @@ class OpenAICompatModel:
             latency_s=time.perf_counter() - start,
             cost_usd=cost_usd(self.model, usage),
             model_id=self.identity,
+            retries=retries,
         )
+
+
+def _checked(completion: Any) -> Any:
+    """The completion if it has the shape of one; MalformedResponse (retryable) otherwise."""
+    choices = getattr(completion, "choices", None)
+    if not isinstance(choices, list) or not choices or getattr(choices[0], "message", None) is None:
+        raise MalformedResponse(f"not a chat completion: {str(completion)[:200]!r}")
+    return completion

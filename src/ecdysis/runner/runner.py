@@ -51,6 +51,7 @@ class EvalSummary:
     episodes: int
     per_task: dict[str, list[float]] = field(default_factory=dict)
     infra_failures: int = 0  # episodes lost by the infrastructure (not scored; retried on the next run)
+    model_retries: int = 0  # retried model requests (429s, 5xx, timeouts, malformed bodies) behind the replies
 
     @property
     def overhead_ratio(self) -> float:
@@ -101,6 +102,7 @@ def summarize(eval_id: str, harness_id: str, split: str, trials: int,
         cache_hits=sum(t.cache_hits for t in trajectories),
         model_time_s=sum(t.model_time_s for t in trajectories),
         wall_s=wall_s, episodes=n, per_task=per_task, infra_failures=len(recorded) - n,
+        model_retries=sum(int(e.get("retries", 0)) for t in trajectories for e in t.of_kind("model")),
     )
 
 
@@ -144,7 +146,7 @@ class Runner:
             self.tokens_spent += response.usage.total_tokens
         return {"text": response.text, "tool_calls": [c.model_dump() for c in response.tool_calls],
                 "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
-                "latency_s": response.latency_s, "cache_hit": response.cache_hit}
+                "latency_s": response.latency_s, "cache_hit": response.cache_hit, "retries": response.retries}
 
     def _user(self, eval_id: str, task: Task, session: str) -> Any:
         """The host-side handler of a conversation task's user turns, or None."""
