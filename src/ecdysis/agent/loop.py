@@ -52,14 +52,22 @@ def render_tools(tools: tuple[ToolSpec, ...]) -> str:
     return "\n".join(lines) or "(no tools: answer directly)"
 
 
-def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...],
-                        task_prompt: str) -> tuple[str, list[str]]:
-    """H3 contract with tools filled in, plus H5 tips retrieved for this task. Returns (text, skill ids)."""
+def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...], task_prompt: str,
+                        conversational: bool = False) -> tuple[str, str, list[str]]:
+    """H3 contract with tools filled in and the always-on H5 tips; and the tips retrieved for this task.
+    Returns (system prompt, task tips, skill ids).
+
+    Ordered from most to least shared so prefix caches hit (local KV reuse, hosted prompt caches): the
+    system prompt and demonstrations are the same for every task; retrieved tips go with the task in the
+    first user message. A conversation opens with the agent's greeting, so its tips stay in the system prompt."""
     contract = (harness.layer_text("contract") or "").replace("{tools}", render_tools(tools))
     skills = retrieve(parse_skills(harness.layer_text("skills")), task_prompt, harness.manifest.budget.top_k_skills)
-    if skills:
-        contract += "\n\nTips:\n" + "\n".join(f"- {s.tip}" for s in skills)
-    return contract.strip(), [s.id for s in skills]
+    always = [s for s in skills if s.trigger.strip() == "*" or conversational]
+    task_specific = [s for s in skills if s not in always]
+    if always:
+        contract += "\n\nTips:\n" + "\n".join(f"- {s.tip}" for s in always)
+    tips = "Tips:\n" + "\n".join(f"- {s.tip}" for s in task_specific) if task_specific else ""
+    return contract.strip(), tips, [s.id for s in skills]
 
 
 class AgentSession:
@@ -159,9 +167,11 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     tools = tuple(t for t in episode.tools if m.tools is None or t.name in m.tools)
     if native and tools:
         params["tools"] = openai_tools(tools)
-    system_prompt, skill_ids = build_system_prompt(harness, tools, task["prompt"])
+    system_prompt, tips, skill_ids = build_system_prompt(harness, tools, task["prompt"], conversational)
+    if m.mode == "freeform" and tips:  # a free-form loop builds its own messages from the system prompt
+        system_prompt, tips = f"{system_prompt}\n\n{tips}", ""
     session = AgentSession(chat, traj, params, episode, system_prompt, task["prompt"], tools)
-    traj.add("prompt", 0, system=system_prompt, skills=skill_ids,
+    traj.add("prompt", 0, system=system_prompt, skills=skill_ids, tips=tips,
              tools=[t.to_record() for t in tools])
     if m.mode == "freeform":
         loop = load_module(harness_dir / str(m.files.loop), "harness_loop")
@@ -182,7 +192,7 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
         if not _user_turn(user, messages, traj, 0):
             return
     else:
-        messages.append({"role": "user", "content": task["prompt"]})
+        messages.append({"role": "user", "content": f"{tips}\n\n{task['prompt']}" if tips else task["prompt"]})
     history: list[tuple[Action, str]] = []
     rejections = 0
     try:

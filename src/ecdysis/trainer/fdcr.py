@@ -34,6 +34,13 @@ def render(template: str, **values: str) -> str:
     return Template(text).safe_substitute(values)
 
 
+def render_role(role: str, **values: str) -> str:
+    """A role's prompt, most shared first: the common context (harness, patterns, levers, earlier rounds),
+    then the discussion so far, then the role's own instruction, so every role's turn extends the previous
+    turn's prefix (local KV reuse, hosted prompt caches)."""
+    return f"{render('debate_context', **values).rstrip()}\n\n{render(role, **values).strip()}\n"
+
+
 def harness_summary(version: HarnessVersion) -> str:
     parts = []
     for layer, label in (("contract", "H3 contract"), ("action", "H2 action realization"),
@@ -201,12 +208,12 @@ class SpecWriter:
             if index < len(transcript):
                 continue  # done before a restart
             said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript) or "(nothing yet)"
-            text, _ = await self._say(role, render(role, transcript=said, **context))
+            text, _ = await self._say(role, render_role(role, transcript=said, **context))
             transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
             self._checkpoint(key, transcript)
         said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript)
         writer = "moderator" if debate else "analyst"
-        prompt = render("moderator" if debate else "single_analyst", transcript=said, **context)
+        prompt = render_role("moderator" if debate else "single_analyst", transcript=said or "(none)", **context)
         ids = {p.id for p in patterns if p.classification == "recurring"}
         raw: list[str] = []
         history: list[Message] = []
