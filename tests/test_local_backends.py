@@ -142,3 +142,26 @@ async def test_embedded_slots_keep_one_context_per_episode(smollm_path: Path) ->
     assert out[0] == out[1] == solo[0] and out[2] == out[3] == solo[1]  # same replies as one context
     cache_a = req("x", session="one").canonical_json()
     assert cache_a == req("x", session="two").canonical_json()  # the session is not part of the cache key
+
+
+async def test_embedded_reports_the_prompt_prefix_it_reused(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    model = LlamaCppModel("smollm2-135m", n_ctx=1024, instance="prefix-test")
+    shared = Message(role="system", content="You are a careful assistant who answers briefly. " * 12)
+    first = await model.chat(ChatRequest(messages=[shared, Message(role="user", content="What is 2+2?")],
+                                         params=GenerationParams(max_tokens=4)))
+    second = await model.chat(ChatRequest(messages=[shared, Message(role="user", content="Name a color.")],
+                                          params=GenerationParams(max_tokens=4)))
+    assert first.usage.cached_tokens == 0
+    # the shared system prompt was not processed again; the differing question was
+    assert first.usage.prompt_tokens - 20 < second.usage.cached_tokens < second.usage.prompt_tokens
+
+
+def test_a_released_episode_frees_its_context(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    model = LlamaCppModel("smollm2-135m", n_ctx=512, slots=2)
+    assert [model._slot(s) for s in ("long", "short")] == [0, 1]
+    model.release("short")  # the short episode ended while the long one still runs
+    assert model._slot("next") == 1 and model._slot("long") == 0  # the running episode keeps its context

@@ -201,3 +201,21 @@ def test_model_errors_never_carry_api_keys() -> None:
                      secrets=("tok_9876543210",))
     assert "sk-proj-abcdef123456" not in str(err) and "tok_9876543210" not in str(err) and "[redacted]" in str(err)
     assert redact("api_key=abcdefgh12345 ok") == "[redacted] ok"
+
+
+def test_store_written_before_prompt_cache_accounting_still_opens(tmp_path: Path) -> None:
+    import sqlite3
+
+    from ecdysis.store import RunStore
+
+    old = sqlite3.connect(tmp_path / "ecdysis.sqlite")
+    old.execute("CREATE TABLE model_calls (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, eval_id TEXT, role TEXT, "
+                "model TEXT, prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, cost_usd REAL, "
+                "cache_hit INTEGER, created REAL NOT NULL)")
+    old.execute("INSERT INTO model_calls VALUES (1, 'r', NULL, 'agent', 'm', 100, 5, 0.1, 0, 0, 0)")
+    old.commit()
+    old.close()
+    store = RunStore(tmp_path)
+    store.record_call("r", None, "agent", "m", 100, 5, 0.1, 0.0, False, cached_tokens=90)
+    (totals,) = store.call_totals("r")
+    assert totals["prompt_tokens"] == 200 and totals["cached_tokens"] == 90

@@ -47,12 +47,20 @@ def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -
     table.add_row("terminations", ", ".join(f"{k}={v}" for k, v in sorted(s.terminations.items())))
     table.add_row("tokens (prompt + completion)", f"{s.prompt_tokens} + {s.completion_tokens}")
     table.add_row("model calls (cache hits)", f"{s.model_calls} ({s.cache_hits})")
+    table.add_row("prompt tokens from the backend's prefix cache", prefix_cache_text(s.prompt_tokens,
+                                                                                   s.cached_prompt_tokens))
     if s.model_retries or s.infra_failures:
         table.add_row("model retries / episodes lost to infrastructure", f"{s.model_retries} / {s.infra_failures}")
     table.add_row("wall time (this invocation)", f"{s.wall_s:.1f}s")
     table.add_row("model time (all episodes)", f"{s.model_time_s:.1f}s")
     console.print(table)
     console.print(f"[dim]stored in {run_dir}; `ecdysis show {run_id} --run-dir {run_dir}`[/]")
+
+
+def prefix_cache_text(prompt_tokens: int, cached: int) -> str:
+    """'cached of sent (hit rate); processed' for a summary row."""
+    rate = cached / prompt_tokens if prompt_tokens else 0.0
+    return f"{cached} of {prompt_tokens} ({rate:.0%}); processed {prompt_tokens - cached}"
 
 
 def train_summary(console: Console, r: Any) -> None:
@@ -78,6 +86,8 @@ def train_summary(console: Console, r: Any) -> None:
     table.add_row("agent executions (train)", str(r.agent_executions))
     table.add_row("optimizer calls / tokens", f"{r.optimizer_calls} / {r.optimizer_tokens}")
     table.add_row("agent tokens (all)", str(r.agent_tokens))
+    for role, (sent, cached) in sorted(r.prompt_cache.items()):
+        table.add_row(f"{role} prompt tokens from prefix cache", prefix_cache_text(sent, cached))
     console.print(table)
 
 
@@ -166,11 +176,13 @@ def run_detail(console: Console, store: RunStore, run: dict[str, Any]) -> None:
                       str(e["tokens"]))
     console.print(table)
     calls = Table(title="Model calls by role")
-    for col in ("role", "calls", "cache hits", "prompt tok", "completion tok", "model time", "cost $"):
+    for col in ("role", "calls", "cache hits", "prompt tok", "prefix-cached tok", "completion tok", "model time",
+                "cost $"):
         calls.add_column(col)
     for row in store.call_totals(run["id"]):
         calls.add_row(row["role"], str(row["calls"]), str(row["cache_hits"]), str(row["prompt_tokens"]),
-                      str(row["completion_tokens"]), f"{row['model_time_s'] or 0:.1f}s", f"{row['cost_usd'] or 0:.4f}")
+                      str(row["cached_tokens"] or 0), str(row["completion_tokens"]), f"{row['model_time_s'] or 0:.1f}s",
+                      f"{row['cost_usd'] or 0:.4f}")
     console.print(calls)
 
 

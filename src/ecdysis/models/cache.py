@@ -99,6 +99,12 @@ class MeteredModel:
     def identity(self) -> str:
         return self.model.identity
 
+    def release(self, session: str) -> None:
+        """Tell the backend an episode ended (backends that keep per-episode state free it)."""
+        release = getattr(self.model, "release", None)
+        if release is not None:
+            release(session)
+
     async def chat(self, request: ChatRequest) -> ChatResponse:
         key = cache_key(f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity, request)
         response = self.cache.get(key) if self.cache else None

@@ -66,6 +66,17 @@ def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
         return _LOADED[key]
 
 
+def reused_prefix(before: list[int], prompt: list[int]) -> int:
+    """Prompt tokens llama.cpp does not process again: the common prefix with the context's tokens
+    (it always evaluates the prompt's last token, as llama-cpp-python's `generate` does)."""
+    n = 0
+    for a, b in zip(before, prompt[:-1], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 class LlamaCppModel:
     """A GGUF model run in this process. `name` is a catalog name or a path to a .gguf file."""
 
@@ -109,8 +120,15 @@ class LlamaCppModel:
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
-    def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float]:
-        """Generate under the model's lock; returns the completion and the generation time only."""
+    def release(self, session: str) -> None:
+        """The episode `session` has ended: its context is free for the next episode (without this, a new
+        episode could take the least recently used context while that episode is still running)."""
+        with self._generation_lock:
+            self._sessions.pop(session, None)
+
+    def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float, int]:
+        """Generate under the model's lock; returns the completion, the generation time only, and the
+        prompt tokens llama.cpp reused from the context's KV cache (its longest common prefix)."""
         with self._generation_lock:
             slot = self._slot(request.params.session)
         instance = self.instance if slot == 0 else f"{self.instance}#slot{slot}"
@@ -133,14 +151,17 @@ class LlamaCppModel:
         if p.tools:
             kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
         with self._generation_lock, lock:
+            before = list(llm._input_ids)  # the tokens whose KV the context holds
             start = time.perf_counter()
             out = llm.create_chat_completion(**kwargs)
-            return out, time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            prompt = list(llm._input_ids)[: (out.get("usage") or {}).get("prompt_tokens", 0)]
+            return out, seconds, reused_prefix(before, prompt)
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         try:
-            out, seconds = await asyncio.to_thread(self._generate, request, forced)
+            out, seconds, reused = await asyncio.to_thread(self._generate, request, forced)
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
@@ -155,6 +176,7 @@ class LlamaCppModel:
             usage=Usage(
                 prompt_tokens=usage.get("prompt_tokens", 0),
                 completion_tokens=usage.get("completion_tokens", 0),
+                cached_tokens=reused,
             ),
             latency_s=seconds,
             cost_usd=0.0,

@@ -52,6 +52,7 @@ class EvalSummary:
     per_task: dict[str, list[float]] = field(default_factory=dict)
     infra_failures: int = 0  # episodes lost by the infrastructure (not scored; retried on the next run)
     model_retries: int = 0  # retried model requests (429s, 5xx, timeouts, malformed bodies) behind the replies
+    cached_prompt_tokens: int = 0  # prompt tokens the backend served from its prefix cache (not processed again)
 
     @property
     def overhead_ratio(self) -> float:
@@ -103,6 +104,8 @@ def summarize(eval_id: str, harness_id: str, split: str, trials: int,
         model_time_s=sum(t.model_time_s for t in trajectories),
         wall_s=wall_s, episodes=n, per_task=per_task, infra_failures=len(recorded) - n,
         model_retries=sum(int(e.get("retries", 0)) for t in trajectories for e in t.of_kind("model")),
+        cached_prompt_tokens=sum(int((e.get("usage") or {}).get("cached_tokens", 0)) for t in trajectories
+                                 for e in t.of_kind("model") if not e.get("cache_hit")),
     )
 
 
@@ -141,7 +144,8 @@ class Runner:
             return {"error": f"{type(exc).__name__}: {exc}"}
         self.store.record_call(self.run_id, eval_id, self.model.role, self.model.identity,
                                response.usage.prompt_tokens, response.usage.completion_tokens,
-                               response.latency_s, response.cost_usd, response.cache_hit)
+                               response.latency_s, response.cost_usd, response.cache_hit,
+                               response.usage.cached_tokens)
         if not response.cache_hit:
             self.tokens_spent += response.usage.total_tokens
         return {"text": response.text, "tool_calls": [c.model_dump() for c in response.tool_calls],
@@ -160,7 +164,8 @@ class Runner:
             if "usage" in out:
                 u = out["usage"]
                 self.store.record_call(self.run_id, eval_id, "user", model.identity, u["prompt_tokens"],
-                                       u["completion_tokens"], out["latency_s"], 0.0, out["cache_hit"])
+                                       u["completion_tokens"], out["latency_s"], 0.0, out["cache_hit"],
+                                       u.get("cached_tokens", 0))
             return out
 
         return handle
@@ -195,9 +200,14 @@ class Runner:
                 session = f"{eval_id}/{task.id}/{trial}"  # one episode: its model calls keep one local context
                 episode = Episode(harness, self.env_name, self.env_options, task, trial, self.limits,
                                   self.plugin_paths, list(getattr(self.env, "sandbox_hidden", ())))
-                traj = await self.executor.run(
-                    episode, lambda m, p: self._chat(eval_id, m, {**p, "session": session}),
-                    self._user(eval_id, task, session))
+                try:
+                    traj = await self.executor.run(
+                        episode, lambda m, p: self._chat(eval_id, m, {**p, "session": session}),
+                        self._user(eval_id, task, session))
+                finally:  # per-episode backend state (an embedded model's context) is free for the next one
+                    self.model.release(session)
+                    if self.user_model is not None:
+                        self.user_model.release(session)
                 if traj.termination != INFRA_ERROR:  # not the harness's doing: kept out of scores, retried on rerun
                     score = grade_safely(self.env, task, traj)
                     traj.score, traj.passed = score.value, score.passed

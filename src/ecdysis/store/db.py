@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS trajectories (
 CREATE TABLE IF NOT EXISTS model_calls (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, eval_id TEXT, role TEXT, model TEXT,
   prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, cost_usd REAL,
-  cache_hit INTEGER, created REAL NOT NULL);
+  cache_hit INTEGER, created REAL NOT NULL, cached_tokens INTEGER DEFAULT 0);
 CREATE TABLE IF NOT EXISTS records (
   run_id TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
   created REAL NOT NULL, PRIMARY KEY (run_id, kind, key));
@@ -89,6 +89,9 @@ class RunStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(model_calls)")}
+        if "cached_tokens" not in columns:  # a store written before prompt-cache accounting
+            self._db.execute("ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER DEFAULT 0")
         self._db.commit()
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> None:
@@ -190,17 +193,19 @@ class RunStore:
     # model calls
     def record_call(self, run_id: str | None, eval_id: str | None, role: str, model: str,
                     prompt_tokens: int, completion_tokens: int, latency_s: float, cost_usd: float,
-                    cache_hit: bool) -> None:
-        self._write("INSERT INTO model_calls (run_id, eval_id, role, model, prompt_tokens, "
-                    "completion_tokens, latency_s, cost_usd, cache_hit, created) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    cache_hit: bool, cached_tokens: int = 0) -> None:
+        """One model call. `cached_tokens`: prompt tokens the backend served from its prefix cache."""
+        self._write("INSERT INTO model_calls (run_id, eval_id, role, model, prompt_tokens, completion_tokens, "
+                    "latency_s, cost_usd, cache_hit, created, cached_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, eval_id, role, model, prompt_tokens, completion_tokens, latency_s,
-                     cost_usd, int(cache_hit), time.time()))
+                     cost_usd, int(cache_hit), time.time(), cached_tokens))
 
     def call_totals(self, run_id: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(
             "SELECT role, COUNT(*) AS calls, SUM(cache_hit) AS cache_hits, "
             "SUM(CASE WHEN cache_hit THEN 0 ELSE prompt_tokens END) AS prompt_tokens, "
             "SUM(CASE WHEN cache_hit THEN 0 ELSE completion_tokens END) AS completion_tokens, "
+            "SUM(CASE WHEN cache_hit THEN 0 ELSE cached_tokens END) AS cached_tokens, "
             "SUM(latency_s) AS model_time_s, SUM(cost_usd) AS cost_usd "
             "FROM model_calls WHERE run_id=? GROUP BY role ORDER BY role", (run_id,))]
 

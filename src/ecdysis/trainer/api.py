@@ -58,6 +58,7 @@ async def train_async(config: Config, arm: str = "ecdysis", console: Console | N
         optimizer_calls=sum(row["calls"] for row in optimizer),
         optimizer_tokens=sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in optimizer),
         agent_tokens=agent_tokens, timings=timings,
+        prompt_cache={role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
     )
     ws.store.finish_run(run_id, result.to_dict())
     return result

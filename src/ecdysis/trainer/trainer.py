@@ -56,6 +56,7 @@ class TrainResult:
     optimizer_tokens: int
     agent_tokens: int
     timings: dict[str, float] = field(default_factory=dict)
+    prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
@@ -126,7 +127,7 @@ class Trainer:
         def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
             self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
                                    response.usage.completion_tokens, response.latency_s, response.cost_usd,
-                                   response.cache_hit)
+                                   response.cache_hit, response.usage.cached_tokens)
 
         return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
                             listeners=[*shared.listeners, record])
