@@ -88,3 +88,18 @@ async def test_agent_token_budget_stops_new_episodes(runner_parts) -> None:  # t
     assert summary.episodes == 1 and runner.tokens_spent >= 1
     evaluation = next(e for e in store.evaluations(runner.run_id) if e["id"] == summary.eval_id)
     assert '"budget_exhausted": true' in evaluation["summary"] and '"complete": false' in evaluation["summary"]
+
+
+STATE = ("import os\n" + HEADER + "def realize(reply, ctx):\n    seen = [p for p in ('/tmp/mark', 'mark') if os.path.exists(p)]\n"
+         "    open('/tmp/mark', 'w').write('x')\n    open('mark', 'w').write('x')\n    return answer(str(seen))\n")
+
+
+async def test_pooled_workers_serve_one_episode_each_and_do_not_outlive_the_batch(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    runner.concurrency = 1  # episodes in sequence: each after the first gets a worker started ahead of time
+    version = seed_with("gsm8k", **{"action.py": STATE})
+    summary = await runner.evaluate(version, tasks * 1, trials=3, split="test", label="state")
+    answers = [t.final_answer for t in store.trajectories(summary.eval_id)]
+    assert answers == ["[]"] * len(tasks) * 3  # no episode saw the files an earlier one wrote
+    pool = runner.executor.pool
+    assert not any(pool._spares.values())  # the batch ended: no idle worker left running

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
-from .sandbox import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
+from .sandbox import ChatHandler, SandboxLimits, UserHandler, WorkerPool, run_in_sandbox
 
 EXECUTORS = ("local", "ray")
 
@@ -41,21 +41,32 @@ class Executor(Protocol):
         """Run the episode; `chat` and `user` are the host's handlers for its model and user turns."""
         ...
 
+    async def idle(self) -> None:
+        """The batch ended: free what was held ready for the next episode."""
+        ...
+
     def close(self) -> None: ...
 
 
 class LocalExecutor:
-    """Worker processes on this machine (bubblewrap-confined where available)."""
+    """Worker processes on this machine (bubblewrap-confined where available), each started while the
+    previous episode runs (a `WorkerPool`), so no episode waits for an interpreter to start."""
 
     name = "local"
+
+    def __init__(self) -> None:
+        self.pool = WorkerPool()
 
     async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
         return await run_in_sandbox(episode.harness, episode.env_name, episode.env_options, episode.task,
                                     episode.trial, chat, episode.limits, user=user,
-                                    plugin_paths=episode.plugin_paths, hidden=episode.hidden)
+                                    plugin_paths=episode.plugin_paths, hidden=episode.hidden, pool=self.pool)
+
+    async def idle(self) -> None:
+        await self.pool.drain()
 
     def close(self) -> None:
-        return None
+        self.pool.close()
 
 
 def infra_failure(episode: Episode, attempts: int, error: str) -> Trajectory:

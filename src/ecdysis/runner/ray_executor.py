@@ -93,11 +93,11 @@ class RayExecutor:
         self.ray = ray
         self.retries = retries
         self.actor_class = ray.remote(num_cpus=0.5, max_concurrency=4, max_restarts=0)(EpisodeWorker)
-        self.idle: list[Any] = []
+        self.ready: list[Any] = []  # actors waiting for an episode
         self.busy: set[Any] = set()  # actors running an episode now
 
     def _actor(self) -> Any:
-        return self.idle.pop() if self.idle else self.actor_class.remote()
+        return self.ready.pop() if self.ready else self.actor_class.remote()
 
     async def _attempt(self, actor: Any, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
         await actor.start.remote(episode, user is not None)
@@ -124,12 +124,15 @@ class RayExecutor:
                 continue
             finally:
                 self.busy.discard(actor)
-            self.idle.append(actor)
+            self.ready.append(actor)
             return traj
         return infra_failure(episode, self.retries + 1, error)
 
+    async def idle(self) -> None:
+        return None  # actors are kept between batches (they are cheap to keep, slow to start)
+
     def close(self) -> None:
-        for actor in [*self.idle, *self.busy]:
+        for actor in [*self.ready, *self.busy]:
             self.ray.kill(actor, no_restart=True)
-        self.idle.clear()
+        self.ready.clear()
         self.busy.clear()

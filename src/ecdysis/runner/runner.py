@@ -215,8 +215,11 @@ class Runner:
                 self.store.record_trajectory(eval_id, traj)
                 progress.advance(traj)
 
-        with progress:
-            await asyncio.gather(*(one(t, k) for t, k in todo))
+        try:
+            with progress:
+                await asyncio.gather(*(one(t, k) for t, k in todo))
+        finally:
+            await self.executor.idle()
         trajectories = self.store.trajectories(eval_id)
         summary = summarize(eval_id, harness.id, split, trials, trajectories, time.perf_counter() - start)
         complete = summary.episodes == len(tasks) * trials

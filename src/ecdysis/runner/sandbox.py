@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -71,6 +72,89 @@ async def _spawn_worker(workdir: str, read_only: list[str] | None = None,
     return proc, "bwrap" if confined else ""
 
 
+@dataclass
+class Worker:
+    """A started worker waiting for its one request, with its working directory (removed after use)."""
+
+    proc: asyncio.subprocess.Process
+    confined: str
+    workdir: str
+    loop: asyncio.AbstractEventLoop
+
+    def discard(self) -> None:
+        _kill(self.proc)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        """Kill and reap (in its own event loop, so its pipes close cleanly), then remove the workdir."""
+        self.discard()
+        if self.loop is asyncio.get_running_loop():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.proc.wait(), timeout=10)
+
+
+async def start_worker(read_only: list[str] | None = None, hidden: list[str] | None = None) -> Worker:
+    workdir = tempfile.mkdtemp(prefix="ecdysis-sbx-")
+    proc, confined = await _spawn_worker(workdir, read_only, hidden)
+    return Worker(proc, confined, workdir, asyncio.get_running_loop())
+
+
+class WorkerPool:
+    """Workers started ahead of need, so an episode does not wait for an interpreter to start and import.
+    Every worker still serves exactly one episode and is then killed: nothing carries over between
+    episodes. Spares belong to the event loop that started them; `close` (called when a batch ends)
+    kills the spares left, so idle workers never outlive the evaluation they were started for."""
+
+    def __init__(self) -> None:
+        self._spares: dict[tuple[Any, ...], list[Worker]] = {}
+        self._starting: set[asyncio.Task[None]] = set()
+        self._generation = 0  # bumped by close(): spares still starting then are discarded on arrival
+
+    async def take(self, read_only: list[str] | None, hidden: list[str] | None) -> Worker:
+        loop = asyncio.get_running_loop()
+        key = (tuple(read_only or ()), tuple(hidden or ()))
+        spares, worker = self._spares.setdefault(key, []), None
+        while spares and worker is None:
+            candidate = spares.pop()
+            if candidate.loop is loop and candidate.proc.returncode is None:
+                worker = candidate
+            else:
+                candidate.discard()
+        task = loop.create_task(self._start_spare(key, read_only, hidden, self._generation))
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+        return worker or await start_worker(read_only, hidden)
+
+    async def _start_spare(self, key: tuple[Any, ...], read_only: list[str] | None, hidden: list[str] | None,
+                           generation: int) -> None:
+        try:
+            worker = await start_worker(read_only, hidden)
+        except OSError:
+            return
+        if generation != self._generation:
+            await worker.aclose()
+        else:
+            self._spares.setdefault(key, []).append(worker)
+
+    async def drain(self) -> None:
+        """Kill the spares (and those still starting): the batch that needed them has ended."""
+        self._generation += 1
+        if self._starting:
+            await asyncio.gather(*self._starting, return_exceptions=True)
+        workers = [w for spares in self._spares.values() for w in spares]
+        self._spares.clear()
+        for worker in workers:
+            await worker.aclose()
+
+    def close(self) -> None:
+        """Outside an event loop (the workspace closing): kill whatever is left."""
+        self._generation += 1
+        for spares in self._spares.values():
+            for worker in spares:
+                worker.discard()
+        self._spares.clear()
+
+
 async def _drain(stream: asyncio.StreamReader, sink: bytearray) -> None:
     while chunk := await stream.read(65536):
         sink.extend(chunk)
@@ -94,12 +178,13 @@ async def run_in_sandbox(
     user: UserHandler | None = None,
     plugin_paths: list[str] | None = None,
     hidden: list[str] | None = None,
+    pool: WorkerPool | None = None,
 ) -> Trajectory:
     """Run one episode in a fresh worker process. Never raises for harness failures.
 
     `user` serves the simulated user's turns (conversation tasks); `plugin_paths` go on the worker's
     import path so it can import the environment plugin (bound read-only into the sandbox); `hidden`
-    paths are masked inside it.
+    paths are masked inside it; `pool` supplies a worker started ahead of time.
     """
     start = time.perf_counter()
     served: list[dict[str, Any]] = []  # model calls served, kept in case the worker dies
@@ -117,8 +202,9 @@ async def run_in_sandbox(
     }
     result: Trajectory | None = None
     termination, detail = "crash", ""
-    with tempfile.TemporaryDirectory(prefix="ecdysis-sbx-") as workdir:
-        proc, request["confined"] = await _spawn_worker(workdir, plugin_paths, hidden)
+    worker = await pool.take(plugin_paths, hidden) if pool else await start_worker(plugin_paths, hidden)
+    proc, request["confined"] = worker.proc, worker.confined
+    try:
         assert proc.stdin and proc.stdout and proc.stderr
         drain = asyncio.create_task(_drain(proc.stderr, stderr))
 
@@ -152,6 +238,8 @@ async def run_in_sandbox(
             await proc.wait()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(drain, timeout=5)
+    finally:
+        worker.discard()
     if result is None:
         result = _failed(harness.id, task.id, trial, termination, detail, served, stderr, proc.returncode)
     result.wall_s = time.perf_counter() - start
