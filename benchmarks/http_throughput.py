@@ -1,6 +1,7 @@
 """Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
 
     .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48] [--explain]
+                                                   [--pin]
 
 Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
 `ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -35,10 +37,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model_path: Path, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias",
-                             "bench", "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start_server(model_path: Path, port: int, pin: bool) -> subprocess.Popen[bytes]:
+    """llama-cpp-python's server; with `pin`, on core 0 with one thread (the framework gets core 1),
+    standing in for a model server on its own machine."""
+    args = [sys.executable, "-m", "llama_cpp.server", "--model", str(model_path), "--model_alias", "bench",
+            "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "2048"]
+    if pin:
+        args = ["taskset", "-c", "0", *args, "--n_threads", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline:
         try:
@@ -100,15 +106,18 @@ async def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--explain", action="store_true", help="prompts that ask for longer replies")
+    parser.add_argument("--pin", action="store_true", help="server on core 0, framework and client on core 1")
     args = parser.parse_args()
     port = free_port()
-    server = start_server(local_models.resolve_verified(args.model), port)
+    server = start_server(local_models.resolve_verified(args.model), port, args.pin)
+    if args.pin:
+        os.sched_setaffinity(0, {1})  # this process and the sandbox workers it starts
     base = f"http://127.0.0.1:{port}/v1"
     try:
         with tempfile.TemporaryDirectory() as tmp:
             await framework(Path(tmp), base, 4, 4, args.max_tokens)  # warm-up: server, imports, page cache
             print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, explain {args.explain}, "
-                  "llama-cpp-python server")
+                  f"llama-cpp-python server{' pinned to core 0 (framework on core 1)' if args.pin else ''}")
             for concurrency in (1, 4, 16):
                 wall, requests = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens,
                                                  args.explain)

@@ -169,3 +169,23 @@ async def test_gold_files_inside_installed_packages_are_masked(hostile) -> None:
     env.sandbox_hidden = [str(gold)]  # what tau2 environments declare for their task files
     masked = await run("gold-masked", code)
     assert masked.final_answer == "0"
+
+
+async def test_fork_bomb_is_bounded(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    traj = await run("fork-bomb", attack("""
+libc = ctypes.pythonapi  # already loaded: no dlopen for the audit hook to see
+forks, stopped = 0, False
+for _ in range(3000):  # each child sleeps; without a process limit all 3000 would be created
+    pid = libc.fork()
+    if pid == 0:
+        libc.pause()
+    if pid < 0:
+        stopped = True
+        break
+    forks += 1
+seen = f'{forks}|{stopped}'
+"""))
+    assert traj.final_answer is not None, (traj.termination, traj.traceback)
+    forks, stopped = traj.final_answer.split("|")
+    assert int(forks) < 1000 and stopped == "True", traj.final_answer  # the task limit refused the fork

@@ -17,6 +17,7 @@ the trajectory's `isolation` records which took effect and the runner warns once
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -24,6 +25,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
+import uuid
 from pathlib import Path
 
 SANDBOX_HOME = "/sandbox"
@@ -44,6 +47,80 @@ def bwrap_path() -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return exe if probe.returncode == 0 else None
+
+
+TASK_MARGIN = 64  # processes and threads harness code may add (RLIMIT_NPROC: a fork bomb stops there)
+
+
+def uid_tasks() -> int:
+    """Processes and threads this user runs now (RLIMIT_NPROC counts them all, host-wide)."""
+    uid, count = os.getuid(), 0
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    count += len(os.listdir(f"/proc/{entry.name}/task"))
+            except OSError:
+                continue
+    return count
+
+
+@functools.cache
+def pids_cgroup_root() -> Path | None:
+    """A cgroup folder this process may create pids-limited children in (the v1 `pids` hierarchy, or a v2
+    cgroup that delegates `pids`), else None (then RLIMIT_NPROC is the bound, which root ignores)."""
+    candidates = [Path("/sys/fs/cgroup/pids")]
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::"):
+                own = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+                if "pids" in (own / "cgroup.subtree_control").read_text().split():
+                    candidates.append(own)
+    for root in candidates:
+        probe = root / f"ecdysis-probe-{os.getpid()}"
+        try:
+            probe.mkdir()
+            ok = (probe / "pids.max").exists()
+            probe.rmdir()
+        except OSError:
+            continue
+        if ok:
+            return root
+    return None
+
+
+class PidsCgroup:
+    """A pids-limited cgroup for one worker: every process and thread the worker (and bwrap) starts counts,
+    and a fork beyond `limit` fails. `enter` runs in the child before exec."""
+
+    def __init__(self, root: Path, limit: int) -> None:
+        self.path = root / f"ecdysis-{os.getpid()}-{uuid.uuid4().hex[:10]}"
+        self.path.mkdir()
+        (self.path / "pids.max").write_text(str(limit))
+
+    def enter(self) -> None:
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        """Remove once empty (the worker's processes are gone); retried briefly while they exit."""
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.02)
+
+
+def pids_cgroup(limit: int = TASK_MARGIN) -> PidsCgroup | None:
+    root = pids_cgroup_root()
+    if root is None:
+        return None
+    try:
+        return PidsCgroup(root, limit)
+    except OSError:
+        return None
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from typing import Any
 from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
-from .confine import confine_argv
+from .confine import TASK_MARGIN, PidsCgroup, confine_argv, pids_cgroup, uid_tasks
 
 ChatHandler = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[dict[str, Any]]]
 UserHandler = Callable[[list[dict[str, str]]], Awaitable[dict[str, Any]]]
@@ -57,19 +57,23 @@ def worker_env(workdir: str) -> dict[str, str]:
     return env
 
 
-async def _spawn_worker(workdir: str, read_only: list[str] | None = None,
-                        hidden: list[str] | None = None) -> tuple[asyncio.subprocess.Process, str]:
+async def _spawn_worker(workdir: str, read_only: list[str] | None = None, hidden: list[str] | None = None
+                        ) -> tuple[asyncio.subprocess.Process, str, PidsCgroup | None]:
     """A fresh worker process in its own session (so the whole group can be killed), confined by
-    bubblewrap where available. Returns (process, confinement: "bwrap" or "")."""
+    bubblewrap where available, in a pids-limited cgroup where one can be made. Returns (process,
+    confinement such as "bwrap+pids-cgroup", the cgroup to remove after)."""
     command = [sys.executable, "-m", "ecdysis.runner.worker"]
     env = worker_env(workdir)
     confined = confine_argv(command, env, _SRC_ROOT, read_only or [], hidden or [])
+    cgroup = pids_cgroup()
     proc = await asyncio.create_subprocess_exec(
         *(confined or command),
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         cwd=workdir, env=env if confined is None else {}, start_new_session=True, limit=64 * 1024 * 1024,
+        preexec_fn=cgroup.enter if cgroup else None,
     )
-    return proc, "bwrap" if confined else ""
+    measures = [m for m, on in (("bwrap", confined), ("pids-cgroup", cgroup)) if on]
+    return proc, "+".join(measures), cgroup
 
 
 @dataclass
@@ -80,23 +84,27 @@ class Worker:
     confined: str
     workdir: str
     loop: asyncio.AbstractEventLoop
+    cgroup: PidsCgroup | None = None
 
     def discard(self) -> None:
         _kill(self.proc)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.cgroup is not None and self.proc.returncode is not None:
+            self.cgroup.remove()
 
     async def aclose(self) -> None:
         """Kill and reap (in its own event loop, so its pipes close cleanly), then remove the workdir."""
-        self.discard()
+        _kill(self.proc)
         if self.loop is asyncio.get_running_loop():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.proc.wait(), timeout=10)
+        self.discard()
 
 
 async def start_worker(read_only: list[str] | None = None, hidden: list[str] | None = None) -> Worker:
     workdir = tempfile.mkdtemp(prefix="ecdysis-sbx-")
-    proc, confined = await _spawn_worker(workdir, read_only, hidden)
-    return Worker(proc, confined, workdir, asyncio.get_running_loop())
+    proc, confined, cgroup = await _spawn_worker(workdir, read_only, hidden)
+    return Worker(proc, confined, workdir, asyncio.get_running_loop(), cgroup)
 
 
 class WorkerPool:
@@ -196,7 +204,8 @@ async def run_in_sandbox(
         "env_options": env_options,
         "task": task.public_view(),
         "trial": trial,
-        "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb},
+        "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
+                   "max_tasks": uid_tasks() + TASK_MARGIN},
         "has_user": user is not None,
         "plugin_paths": plugin_paths or [],
     }
@@ -250,16 +259,17 @@ async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
                             limits: SandboxLimits) -> dict[str, Any]:
     """Run the candidate's H2 over stored replies in a worker; returns {"results"} or {"error"}."""
     request = {"mode": "replay", "files": files, "items": items,
-               "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb}}
-    with tempfile.TemporaryDirectory(prefix="ecdysis-replay-") as workdir:
-        proc, request["confined"] = await _spawn_worker(workdir)
-        try:
-            out, err = await asyncio.wait_for(proc.communicate((json.dumps(request) + "\n").encode()),
-                                              timeout=limits.timeout_s)
-        except TimeoutError:
-            _kill(proc)
-            await proc.wait()
-            return {"error": f"replay exceeded {limits.timeout_s:g}s"}
+               "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
+                          "max_tasks": uid_tasks() + TASK_MARGIN}}
+    worker = await start_worker()
+    request["confined"] = worker.confined
+    try:
+        out, err = await asyncio.wait_for(worker.proc.communicate((json.dumps(request) + "\n").encode()),
+                                          timeout=limits.timeout_s)
+    except TimeoutError:
+        return {"error": f"replay exceeded {limits.timeout_s:g}s"}
+    finally:
+        await worker.aclose()
     for line in out.decode(errors="replace").splitlines():
         message = json.loads(line)
         if message.get("op") == "done":

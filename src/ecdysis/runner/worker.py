@@ -10,6 +10,7 @@ and further limit changes; `isolation` in the trajectory says which of these too
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -44,13 +45,14 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         raise PermissionError(f"{what} is disabled in the harness sandbox ({event})")
 
 
-def isolate(memory_mb: int, cpu_s: int, file_mb: int, confined: str = "") -> str:
+def isolate(memory_mb: int, cpu_s: int, file_mb: int, confined: str = "", max_tasks: int | None = None) -> str:
     """Apply in-process isolation; return a short description of everything that took effect.
 
-    `confined` names the OS sandbox the host started this worker in ("bwrap"): namespaces, read-only
-    binds, no network. Without it, a new network namespace is tried (works as root)."""
+    `confined` names the OS measures the host started this worker under ("bwrap": namespaces, read-only
+    binds, no network; "pids-cgroup": a bound on its processes and threads). Without bwrap, a new network
+    namespace is tried (works as root)."""
     parts: list[str] = [confined] if confined else []
-    if not confined:
+    if "bwrap" not in confined:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.unshare(CLONE_NEWNET) == 0:
@@ -62,6 +64,8 @@ def isolate(memory_mb: int, cpu_s: int, file_mb: int, confined: str = "") -> str
         resource.RLIMIT_CPU: cpu_s,
         resource.RLIMIT_FSIZE: file_mb * 1024 * 1024,
     }
+    if max_tasks:  # processes + threads of this uid: harness code cannot fork-bomb the machine
+        limits[resource.RLIMIT_NPROC] = max_tasks
     for which, value in limits.items():
         resource.setrlimit(which, (value, value))
     parts.append("rlimits")
@@ -111,7 +115,8 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
         harness.write(harness_dir)
         sys.path.insert(0, str(harness_dir))
         limits = request["limits"]
-        isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""))
+        isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""),
+                limits.get("max_tasks"))
         realize = load_realize(harness, harness_dir)
         repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
         results = []
@@ -133,7 +138,14 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
         return {"error": traceback.format_exc(limit=10)}
 
 
+WORKER_NICENESS = 10
+
+
 def main() -> int:
+    # Episodes yield the CPU to the model: where it runs on the same cores (the embedded backend, a local
+    # server), a worker's start-up and harness code must not slow generation down.
+    with contextlib.suppress(OSError):
+        os.nice(WORKER_NICENESS)
     # Harness code may print: keep the protocol on a private fd and send fd 1 to stderr.
     link = HostLink(sys.stdin, os.fdopen(os.dup(1), "w", encoding="utf-8"))
     os.dup2(2, 1)
@@ -158,7 +170,8 @@ def main() -> int:
         sys.path.extend(request.get("plugin_paths", []))
         episode = make_episode(request["env"], request["task"]["public"], request.get("env_options", {}))
         limits = request["limits"]
-        traj.isolation = isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""))
+        traj.isolation = isolate(limits["memory_mb"], limits["cpu_s"], limits["file_mb"], request.get("confined", ""),
+                                 limits.get("max_tasks"))
         user = link.user if request.get("has_user") else None
         run_episode(harness, harness_dir, request["task"], episode, link.chat, traj, trial=request["trial"], user=user)
         traj.final_state = episode.final_state()
