@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/serving.py [--tasks 6] [--model qwen2.5-coder-1.5b] [--data-dir ../shared/data]
 
 DBBench dev tasks with the seed harness, response cache off, each setting in a fresh process (so no
-setting inherits another's KV cache): the embedded backend at concurrency 1; 2 on one shared context
-(episodes evict each other's KV); 2 and 4 with one context per episode (`slots`); and llama-cpp-python's
-OpenAI-compatible server over the HTTP backend at concurrency 1 (the reference engine on this machine).
+setting inherits another's KV cache): the embedded backend at concurrency 1; 2 with episodes evicting each
+other's KV (`slots` 1); 2 and 4 with every episode's KV kept (`slots` = concurrency: swapped in and out of
+the one context); and llama-cpp-python's OpenAI-compatible server over the HTTP backend at concurrency 1
+(the reference engine on this machine).
 Prints wall time, prompt tokens sent, tokens served from the prefix cache, and ratios.
 """
 
@@ -70,9 +71,9 @@ def main() -> None:
     local = f"local:{args.model}"
     slots = f'model_settings."{local}".slots'
     settings = [(local, 1, [f"{slots}=1"], "embedded, concurrency 1"),
-                (local, 2, [f"{slots}=1"], "embedded, concurrency 2, one shared context"),
-                (local, 2, [f"{slots}=2"], "embedded, concurrency 2, a context per episode"),
-                (local, 4, [f"{slots}=4"], "embedded, concurrency 4, a context per episode")]
+                (local, 2, [f"{slots}=1"], "embedded, concurrency 2, episodes evict each other"),
+                (local, 2, [f"{slots}=2"], "embedded, concurrency 2, each episode's KV kept"),
+                (local, 4, [f"{slots}=4"], "embedded, concurrency 4, each episode's KV kept")]
     results = []
     for ref, concurrency, extra, label in settings:
         results.append((label, run(ref, args.tasks, args.data_dir, concurrency, extra)))

@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,19 +128,34 @@ async def test_http_backend_tool_call_against_real_llama_server(
     assert not changed.cache_hit  # the tools are part of the cache key
 
 
-async def test_embedded_slots_keep_one_context_per_episode(smollm_path: Path) -> None:
+async def test_embedded_episodes_keep_their_kv_across_interleaved_turns(smollm_path: Path) -> None:
     from ecdysis.models.llama_local import LlamaCppModel
 
-    model = LlamaCppModel("smollm2-135m", n_ctx=512, slots=2)
-    assert [model._slot(s) for s in ("a", "b", "a", "c", "b")] == [0, 1, 0, 1, 0]  # c evicts b (least recent)
-    single = LlamaCppModel("smollm2-135m", n_ctx=512)
-    turns = ["Name a color.", "Name a fruit."]
-    out = []
-    for session in ("ep1", "ep2", "ep1", "ep2"):  # two episodes interleaved
-        r = await model.chat(req(turns[len(out) // 2], session=session))
-        out.append(r.text)
-    solo = [(await single.chat(req(t))).text for t in turns]
-    assert out[0] == out[1] == solo[0] and out[2] == out[3] == solo[1]  # same replies as one context
+    shared = ("You are a helpful assistant. Answer briefly. " * 10).strip()
+
+    def turn(question: str, history: list[Message], session: str) -> ChatRequest:
+        messages = [Message(role="system", content=shared), *history, Message(role="user", content=question)]
+        return ChatRequest(messages=messages, params=GenerationParams(max_tokens=10, session=session))
+
+    async def episode_turns(model: LlamaCppModel, order: list[str]) -> dict[str, list[Any]]:
+        firsts = {"A": "Name a color.", "B": "Name a fruit."}
+        replies: dict[str, list[Any]] = {"A": [], "B": []}
+        for session in order:
+            done = replies[session]
+            history = [] if not done else [Message(role="user", content=firsts[session]),
+                                           Message(role="assistant", content=done[0].text)]
+            done.append(await model.chat(turn("Another one?" if done else firsts[session], history, session)))
+        return replies
+
+    interleaved = await episode_turns(LlamaCppModel("smollm2-135m", n_ctx=1024, slots=2, instance="kv-i"),
+                                      ["A", "B", "A", "B"])
+    alone = await episode_turns(LlamaCppModel("smollm2-135m", n_ctx=1024, slots=1, instance="kv-s"),
+                                ["A", "A", "B", "B"])
+    assert [r.text for r in interleaved["A"] + interleaved["B"]] == [r.text for r in alone["A"] + alone["B"]]
+    for session in "AB":  # the second turn reused the episode's whole first turn, though the other ran between
+        first, second = interleaved[session]
+        assert second.usage.cached_tokens >= first.usage.prompt_tokens
+    assert interleaved["B"][0].usage.cached_tokens > 0  # a new episode reuses the shared system prompt
     cache_a = req("x", session="one").canonical_json()
     assert cache_a == req("x", session="two").canonical_json()  # the session is not part of the cache key
 
@@ -158,10 +174,12 @@ async def test_embedded_reports_the_prompt_prefix_it_reused(smollm_path: Path) -
     assert first.usage.prompt_tokens - 20 < second.usage.cached_tokens < second.usage.prompt_tokens
 
 
-def test_a_released_episode_frees_its_context(smollm_path: Path) -> None:
-    from ecdysis.models.llama_local import LlamaCppModel
+def test_a_released_episode_drops_its_saved_state(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import SessionStates
 
-    model = LlamaCppModel("smollm2-135m", n_ctx=512, slots=2)
-    assert [model._slot(s) for s in ("long", "short")] == [0, 1]
-    model.release("short")  # the short episode ended while the long one still runs
-    assert model._slot("next") == 1 and model._slot("long") == 0  # the running episode keeps its context
+    states = SessionStates(keep=2)
+    states.saved["done"] = (b"kv", None)
+    states.current = "running"
+    states.release("done")
+    states.release("running")
+    assert not states.saved and states.current is None

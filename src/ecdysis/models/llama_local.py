@@ -1,10 +1,13 @@
 """Embedded llama.cpp backend: runs a GGUF in-process (needs the `local` extra).
 
 Each model file is loaded once per (context size, instance) and shared; one generation runs at a
-time per backend (2 cores gain nothing from more). With `slots` > 1 every episode (request
-`session`) keeps its own llama.cpp context, so concurrent multi-turn episodes do not evict each
-other's KV cache: each turn reprocesses only its new tokens (the weights are mmapped once). The chat
-template comes from the GGUF metadata; JSON-schema output uses llama.cpp's grammar support.
+time per backend (2 cores gain nothing from more). Episodes (request `session`) share that one context:
+when another episode's turn comes, the current episode's KV cache (sequence 0 only, no logits) is
+saved and the next episode's restored (`SessionStates`, up to `slots` kept), so concurrent multi-turn
+episodes do not evict each other: each turn processes only its new tokens. A new episode starts from
+whatever the context holds, so the prefix all episodes share (contract, tools, demos) is reused, not
+processed again. The chat template comes from the GGUF metadata; JSON-schema output uses llama.cpp's
+grammar support.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import ctypes
 import os
 import threading
 import time
@@ -24,6 +28,7 @@ from .local_models import CATALOG, resolve_verified, sha256_file
 from .toolcalls import for_template, forced_call_schema, parse_reply_calls, tool_names_of
 
 _LOADED: dict[tuple[str, int, str], tuple[Any, threading.Lock]] = {}
+_STATES: dict[int, SessionStates] = {}  # id(loaded Llama) -> its episodes' saved states
 _LOAD_LOCK = threading.Lock()
 
 
@@ -44,6 +49,7 @@ def _close_all() -> None:
         with contextlib.suppress(Exception):
             llm.close()
     _LOADED.clear()
+    _STATES.clear()
 
 
 atexit.register(_close_all)
@@ -64,6 +70,50 @@ def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
             )
             _LOADED[key] = (llm, threading.Lock())
         return _LOADED[key]
+
+
+class SessionStates:
+    """Per-episode KV state on one llama.cpp context: swap out the running episode's sequence, swap in the
+    next one's. Holds at most `keep` saved episodes besides the one in the context (least recently used
+    dropped: that episode's next turn reprocesses its conversation); `keep` 0 saves nothing."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(0, keep)
+        self.current: str | None = None
+        self.saved: OrderedDict[str, tuple[bytes, Any]] = OrderedDict()  # session -> (KV bytes, token ids)
+
+    def switch(self, llm: Any, session: str) -> None:
+        """Make `session`'s tokens the context's (call under the model's lock)."""
+        if not session or session == self.current:
+            return
+        llama_cpp = _import_llama()
+        ctx = llm._ctx.ctx
+        incoming = self.saved.pop(session, None)  # taken first, so saving the outgoing one cannot evict it
+        if self.current is not None and llm.n_tokens > 0 and self.keep > 0:
+            size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+            buffer = (ctypes.c_uint8 * size)()
+            written = llama_cpp.llama_state_seq_get_data(ctx, buffer, size, 0)
+            self.saved[self.current] = (bytes(buffer)[:written], llm.input_ids[: llm.n_tokens].copy())
+            while len(self.saved) > self.keep:
+                self.saved.popitem(last=False)
+        self.current = session
+        if incoming is None:
+            return  # a new episode: keep what the context holds, so the shared prompt prefix is reused
+        data, ids = incoming
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
+        restored = llama_cpp.llama_state_seq_set_data(ctx, (ctypes.c_uint8 * len(data)).from_buffer_copy(data),
+                                                     len(data), 0)
+        if restored != len(data):  # could not restore: start from an empty context (correct, only slower)
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, -1, -1)
+            llm.n_tokens = 0
+            return
+        llm.input_ids[: len(ids)] = ids
+        llm.n_tokens = len(ids)
+
+    def release(self, session: str) -> None:
+        self.saved.pop(session, None)
+        if self.current == session:
+            self.current = None  # its tokens stay in the context for the next episode's prefix
 
 
 def reused_prefix(before: list[int], prompt: list[int]) -> int:
@@ -99,40 +149,30 @@ class LlamaCppModel:
         self.n_threads = n_threads
         self.instance = instance
         self.slots = max(1, slots)
-        self._sessions: OrderedDict[str, int] = OrderedDict()  # session -> slot, least recently used first
         self._generation_lock = threading.Lock()  # one generation at a time on this machine's cores
-
-    def _slot(self, session: str) -> int:
-        """The context a session (one episode) keeps: its KV cache is not evicted by other episodes.
-        A new session takes a free slot, else the least recently used one."""
-        if not session or self.slots == 1:
-            return 0
-        if session in self._sessions:
-            self._sessions.move_to_end(session)
-            return self._sessions[session]
-        used = set(self._sessions.values())
-        free = [k for k in range(self.slots) if k not in used]
-        slot = free[0] if free else self._sessions.popitem(last=False)[1]
-        self._sessions[session] = slot
-        return slot
 
     @property
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
+    def _states(self, llm: Any) -> SessionStates:
+        """The episode states kept for one loaded model (shared by every backend object using it)."""
+        states = _STATES.get(id(llm))
+        if states is None:
+            states = _STATES[id(llm)] = SessionStates(self.slots - 1)
+        states.keep = max(states.keep, self.slots - 1)
+        return states
+
     def release(self, session: str) -> None:
-        """The episode `session` has ended: its context is free for the next episode (without this, a new
-        episode could take the least recently used context while that episode is still running)."""
-        with self._generation_lock:
-            self._sessions.pop(session, None)
+        """The episode `session` has ended: drop its saved state."""
+        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
+        with lock:
+            self._states(llm).release(session)
 
     def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float, int]:
         """Generate under the model's lock; returns the completion, the generation time only, and the
         prompt tokens llama.cpp reused from the context's KV cache (its longest common prefix)."""
-        with self._generation_lock:
-            slot = self._slot(request.params.session)
-        instance = self.instance if slot == 0 else f"{self.instance}#slot{slot}"
-        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, instance)
+        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
         p = request.params
         kwargs: dict[str, Any] = {
             "messages": for_template(request.messages),
@@ -151,6 +191,7 @@ class LlamaCppModel:
         if p.tools:
             kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
         with self._generation_lock, lock:
+            self._states(llm).switch(llm, p.session)
             before = list(llm._input_ids)  # the tokens whose KV the context holds
             start = time.perf_counter()
             out = llm.create_chat_completion(**kwargs)

@@ -29,7 +29,8 @@ class ModelSettings(BaseModel):
     attempt_timeout_s: float = 120.0
     total_timeout_s: float = 600.0
     n_ctx: int = 4096
-    slots: int | None = None  # embedded backend: llama.cpp contexts kept per episode; default: run.concurrency
+    slots: int | None = None  # embedded backend: episodes whose KV cache is kept (1: they evict each other);
+    # default: run.concurrency
 
 
 def _key(env_name: str | None, required: bool) -> str:
