@@ -11,7 +11,9 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import BOXED_SPEC  # noqa: E402
@@ -62,7 +64,7 @@ def run_and_kill(args: list[str], env: dict[str, str], cwd: Path, db: Path, sql:
     return False
 
 
-def snapshot(db: Path) -> dict[str, object]:
+def snapshot(db: Path) -> dict[str, Any]:
     """What a finished run decided and recorded, with run and evaluation ids (which hash the run directory)
     replaced by what they stand for; timings excluded."""
     with sqlite3.connect(db) as con:
@@ -87,24 +89,26 @@ def project(tmp_path: Path) -> Path:
     return tmp_path / "proj"
 
 
-def test_train_killed_at_every_phase_resumes_to_the_same_result(tmp_path: Path) -> None:
+def kill_and_resume(tmp_path: Path, make: Callable[[Path, Path], list[str]],
+                    phases: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any], list[str], Path, Path]:
+    """An uninterrupted run, and a run SIGKILLed once per phase not yet reached and then finished with the
+    same command (each with its own response cache). Returns (reference, resumed, kills, their run dirs)."""
     proj = project(tmp_path)
     reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    done = subprocess.run(command(proj, reference_dir), cwd=tmp_path, env=environment(tmp_path / "home-a"),
+    done = subprocess.run(make(proj, reference_dir), cwd=tmp_path, env=environment(tmp_path / "home-a"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     env, db = environment(tmp_path / "home-b"), killed_dir / "ecdysis.sqlite"
-    kills = []
-    for phase, sql in PHASES.items():
-        if reached(db, sql):
-            continue  # an earlier kill landed past this phase already
-        if run_and_kill(command(proj, killed_dir), env, tmp_path, db, sql):
-            kills.append(phase)
-    final = subprocess.run(command(proj, killed_dir), cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600)
+    kills = [phase for phase, sql in phases.items()  # a phase an earlier kill already passed is skipped
+             if not reached(db, sql) and run_and_kill(make(proj, killed_dir), env, tmp_path, db, sql)]
+    final = subprocess.run(make(proj, killed_dir), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert final.returncode == 0, final.stdout + final.stderr
+    return snapshot(reference_dir / "ecdysis.sqlite"), snapshot(db), kills, reference_dir, killed_dir
+
+
+def test_train_killed_at_every_phase_resumes_to_the_same_result(tmp_path: Path) -> None:
+    reference, resumed, kills, _, _ = kill_and_resume(tmp_path, command, PHASES)
     assert len(kills) >= 3, kills  # killed in at least three distinct phases
-    reference, resumed = snapshot(reference_dir / "ecdysis.sqlite"), snapshot(db)
     assert resumed["runs"] == reference["runs"] and reference["runs"][0][1] == "finished"
     assert resumed["versions"] == reference["versions"]
     assert resumed["records"] == reference["records"]  # decisions, specs, transcripts, patterns, candidates
@@ -131,19 +135,8 @@ def compare_command(project: Path, run_dir: Path) -> list[str]:
 
 
 def test_compare_killed_in_several_arms_resumes_to_the_same_table(tmp_path: Path) -> None:
-    proj = project(tmp_path)
-    reference_dir, killed_dir = tmp_path / "reference", tmp_path / "killed"
-    done = subprocess.run(compare_command(proj, reference_dir), cwd=tmp_path, env=environment(tmp_path / "home-a"),
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout + done.stderr
-    env, db = environment(tmp_path / "home-b"), killed_dir / "ecdysis.sqlite"
-    kills = [phase for phase, sql in COMPARE_PHASES.items()
-             if not reached(db, sql) and run_and_kill(compare_command(proj, killed_dir), env, tmp_path, db, sql)]
-    final = subprocess.run(compare_command(proj, killed_dir), cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=600)
-    assert final.returncode == 0, final.stdout + final.stderr
+    reference, resumed, kills, reference_dir, killed_dir = kill_and_resume(tmp_path, compare_command, COMPARE_PHASES)
     assert len(kills) >= 2, kills
-    reference, resumed = snapshot(reference_dir / "ecdysis.sqlite"), snapshot(db)
     assert resumed["trajectories"] == reference["trajectories"] and resumed["versions"] == reference["versions"]
     assert [r for r in resumed["records"] if r[1] != "arm"] == [r for r in reference["records"] if r[1] != "arm"]
     # wall times differ, and so may the accounting: a call in flight at the kill is paid (and counted) again

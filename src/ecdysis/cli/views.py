@@ -116,6 +116,7 @@ def compare_table(console: Console, results: list[Any]) -> None:
         ("test acc - fixed", lambda r: _fmt(r.test_delta_vs_fixed, "+.3f")),
         ("test gain vs serial", lambda r: _fmt(r.test_gain_vs_serial, "+.1%")),
         ("transfer acc", lambda r: _fmt(r.transfer_acc)),
+        ("prompt tokens from prefix cache", lambda r: _fmt(r.prefix_cache_rate, ".0%")),
     ]
     for name, cell in rows:
         table.add_row(name, *(cell(r) for r in results))

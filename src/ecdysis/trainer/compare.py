@@ -53,6 +53,7 @@ class ArmResult:
     test_gain_vs_fixed: float | None = None  # relative: test / fixed test - 1
     test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
     test_gain_vs_serial: float | None = None
+    prefix_cache_rate: float | None = None  # prompt tokens the backends served from their prefix cache (training)
 
 
 def bare_harness(env: str) -> HarnessVersion:
@@ -111,6 +112,8 @@ async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None
                         result.train_after, test.get("accuracy", 0.0), test.get("pass_at_k", 0.0),
                         test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id)
         out.val_acc = result.val_after
+        sent = sum(p for p, _ in result.prompt_cache.values())
+        out.prefix_cache_rate = sum(c for _, c in result.prompt_cache.values()) / sent if sent else None
         version = ws.store.load_version(result.final_harness_id)
     else:
         run_id = ws.store.start_run("compare-arm", {"arm": arm, "seed": seed},
