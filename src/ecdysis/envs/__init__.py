@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import sys
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,8 @@ def resolve(name: str) -> str:
     """The `module:attr` reference for an environment name. Raises UnknownEnvironmentError."""
     if name in BUILTIN:
         return BUILTIN[name]
+    from importlib.metadata import entry_points  # only for non-built-in names (the sandbox worker skips it)
+
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.value

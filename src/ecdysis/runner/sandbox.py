@@ -52,6 +52,7 @@ def worker_env(workdir: str) -> dict[str, str]:
         "OPENBLAS_NUM_THREADS": "1",
         "OMP_NUM_THREADS": "1",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # τ²'s dependency would otherwise fetch over the network
+        "PYDANTIC_DISABLE_PLUGINS": "__all__",  # no entry-point scan at the first model class: faster start
     }
     env.update({k: v for k, v in os.environ.items() if k.startswith("OPENBLAS_CORE") or k == "OPENBLAS_L2_SIZE"})
     return env
