@@ -156,6 +156,25 @@ async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) ->
     assert candidate["replay"]["gained"] and not candidate["replay"]["lost"]
 
 
+async def test_spec_written_again_after_a_kill_is_in_the_transcript_once(tmp_path: Path) -> None:
+    """Killed after the writer's entry was checkpointed, before the spec record: found by the SIGKILL test."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    store = RunStore(tmp_path / "run")
+    roles = dict.fromkeys(("analyst", "critic", "engineer", "moderator"),
+                          MeteredModel(ScriptedModel([json.dumps(BOXED_SPEC)] * 3), role="moderator"))
+    for debate in (False, True):
+        done = [{"pass": 0, "role": r, "text": "said"} for r in (("analyst", "critic", "engineer") if debate else ())]
+        store.put_record("run", "transcript", f"k{debate}", [*done, {"pass": 1, "role": "writer", "text": "{}"}])
+        outcome = await SpecWriter(store, "run", roles).write(f"k{debate}", seed_with("gsm8k"), [pattern],
+                                                              passes=1 if debate else 0, debate=debate)
+        assert outcome.spec is not None
+        assert [t["role"] for t in outcome.transcript] == [t["role"] for t in done] + [
+            "moderator" if debate else "analyst"]
+
+
 async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path) -> None:
     crashing = Roles(crash_after=4)
     ws = make_ws(tmp_path, crashing, ScriptedModel(add_answer, name="adder"))

@@ -211,6 +211,9 @@ class SpecWriter:
             text, _ = await self._say(role, render_role(role, transcript=said, **context))
             transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
             self._checkpoint(key, transcript)
+        # a run killed after the writer's entry was checkpointed but before its spec was stored writes the
+        # spec again (its calls are cache hits): drop that entry so the transcript holds it once
+        del transcript[len(turns):]
         said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript)
         writer = "moderator" if debate else "analyst"
         prompt = render_role("moderator" if debate else "single_analyst", transcript=said or "(none)", **context)
