@@ -103,7 +103,9 @@ class RunView:
         return sizes
 
     def cost(self) -> dict[str, float]:
+        prompt = sum(c.get("prompt_tokens") or 0 for c in self.calls)
         return {"usd": sum(c.get("cost_usd") or 0.0 for c in self.calls),
+                "prefix_rate": sum(c.get("cached_tokens") or 0 for c in self.calls) / prompt if prompt else 0.0,
                 "calls": sum(c.get("calls") or 0 for c in self.calls),
                 "tokens": sum((c.get("prompt_tokens") or 0) + (c.get("completion_tokens") or 0) for c in self.calls)}
 
@@ -134,6 +136,7 @@ def summary_card(run: RunView) -> list[tuple[str, str]]:
         ("training wall time", f"{s.get('wall_s', 0.0):.0f} s"),
         ("agent executions", str(s.get("agent_executions", "–"))),
         ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
+        ("prompt tokens from prefix cache", f"{cost['prefix_rate']:.0%}"),
         ("cost", f"${cost['usd']:.4f}"),
     ]
     return card
