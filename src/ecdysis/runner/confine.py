@@ -85,8 +85,24 @@ def pids_cgroup_root() -> Path | None:
         except OSError:
             continue
         if ok:
+            _remove_stale(root)
             return root
     return None
+
+
+def _remove_stale(root: Path) -> None:
+    """Remove the empty cgroups of ecdysis processes that are gone (killed before they could clean up)."""
+    for path in root.glob("ecdysis-*-*"):
+        owner = path.name.split("-")[1]
+        if not owner.isdigit() or int(owner) == os.getpid():
+            continue
+        try:
+            os.kill(int(owner), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # fails (and stays) while a process is still inside
+        except PermissionError:
+            continue
 
 
 class PidsCgroup:
