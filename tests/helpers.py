@@ -76,18 +76,24 @@ class Roles:
         return f"{role}: enable the boxed_answer repair; it is general."
 
 
-def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str) -> Workspace:
-    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
-             "split": "train" if i < 6 else "test"} for i in range(10)]
+def jsonl_project(tmp_path: Path, rows: list[dict[str, Any]]) -> list[str]:
+    """`rows` as a JSONL suite and the GSM8K seed as its harness, in `tmp_path`; the config settings for them."""
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     harness = tmp_path / "seed"
     harness.mkdir(exist_ok=True)
     for rel, text in seed_files("gsm8k").items():
         (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
-                             f'agent.harness="{harness}"', 'agent.model="scripted:agent"',
-                             f'run.run_dir="{tmp_path / "run"}"', "run.progress=false", "train.rounds=3",
-                             "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
+    return ['env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"', f'agent.harness="{harness}"',
+            "run.progress=false"]
+
+
+def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str) -> Workspace:
+    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
+             "split": "train" if i < 6 else "test"} for i in range(10)]
+    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', "train.rounds=3",
+                             "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"',
+                             *overrides])
     ws = Workspace.open(cfg)
     ws.backends["agent|scripted:agent"] = agent
     for role in ROLES:

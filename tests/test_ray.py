@@ -4,7 +4,6 @@ costs only its episode, retried a bounded number of times, then recorded as an i
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 from collections.abc import Iterator
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 import ray  # the `ray` extra; `make test` installs it
-from helpers import seed_files
+from helpers import jsonl_project
 
 from ecdysis.config import load_config
 from ecdysis.models import Message, ScriptedModel
@@ -37,13 +36,7 @@ def answer(messages: list[Message]) -> str:
 
 
 def workspace(tmp_path: Path, executor: str, model: str = "scripted:agent", *overrides: str) -> Workspace:
-    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in ROWS))
-    harness = tmp_path / "seed"
-    harness.mkdir(exist_ok=True)
-    for rel, text in seed_files("gsm8k").items():
-        (harness / rel).write_text(text.replace('env = "gsm8k"', 'env = "jsonl"'))
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp_path / "tasks.jsonl"}"',
-                             f'agent.harness="{harness}"', f'agent.model="{model}"', "run.progress=false",
+    cfg = load_config(None, [*jsonl_project(tmp_path, ROWS), f'agent.model="{model}"',
                              f'run.run_dir="{tmp_path / executor}"', f'run.executor="{executor}"',
                              f'cache.path="{tmp_path / executor / "cache.sqlite"}"', *overrides])
     return Workspace.open(cfg)
