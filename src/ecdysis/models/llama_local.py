@@ -164,8 +164,11 @@ class LlamaCppModel:
         return states
 
     def release(self, session: str) -> None:
-        """The episode `session` has ended: drop its saved state."""
-        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
+        """The episode `session` has ended: drop its saved state (a model not loaded yet has none)."""
+        loaded = _LOADED.get((str(self.path.resolve()), self.n_ctx, self.instance))
+        if loaded is None:
+            return
+        llm, lock = loaded
         with lock:
             self._states(llm).release(session)
 
