@@ -1,7 +1,7 @@
 """Embedded llama.cpp backend: runs a GGUF in-process (needs the `local` extra).
 
 Each model file is loaded once per (context size, instance) and shared; one generation runs at a
-time per backend (2 cores gain nothing from more). Episodes (request `session`) share that one context:
+time per loaded context (2 cores gain nothing from more). Episodes (request `session`) share that one context:
 when another episode's turn comes, the current episode's KV cache (sequence 0 only, no logits) is
 saved and the next episode's restored (`SessionStates`, up to `slots` kept), so concurrent multi-turn
 episodes do not evict each other: each turn processes only its new tokens. A new episode starts from
@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,18 @@ from .base import ChatRequest, ChatResponse, ModelConfigError, ModelError, Usage
 from .local_models import CATALOG, resolve_verified, sha256_file
 from .toolcalls import for_template, forced_call_schema, parse_reply_calls, tool_names_of
 
-_LOADED: dict[tuple[str, int, str], tuple[Any, threading.Lock]] = {}
-_STATES: dict[int, SessionStates] = {}  # id(loaded Llama) -> its episodes' saved states
+
+@dataclass
+class Loaded:
+    """A loaded model: one llama.cpp context, the lock that lets one generation run on it at a time, and
+    its episodes' saved KV states."""
+
+    llm: Any
+    lock: threading.Lock
+    states: SessionStates
+
+
+_LOADED: dict[tuple[str, int, str], Loaded] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -45,20 +56,22 @@ def _import_llama() -> Any:
 
 def _close_all() -> None:
     """Free loaded models before interpreter teardown (llama-cpp-python's finalizers fail after it)."""
-    for llm, _lock in _LOADED.values():
+    for loaded in _LOADED.values():
         with contextlib.suppress(Exception):
-            llm.close()
+            loaded.llm.close()
     _LOADED.clear()
-    _STATES.clear()
 
 
 atexit.register(_close_all)
 
 
-def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
-               instance: str = "") -> tuple[Any, threading.Lock]:
-    """The process-wide Llama for (`path`, `n_ctx`, `instance`) (loaded on first use) and its lock."""
-    key = (str(path.resolve()), n_ctx, instance)
+def _key(path: Path, n_ctx: int, instance: str) -> tuple[str, int, str]:
+    return str(path.resolve()), n_ctx, instance
+
+
+def load(path: Path, n_ctx: int = 4096, n_threads: int | None = None, instance: str = "") -> Loaded:
+    """The process-wide model for (`path`, `n_ctx`, `instance`), loaded on first use."""
+    key = _key(path, n_ctx, instance)
     with _LOAD_LOCK:
         if key not in _LOADED:
             llama_cpp = _import_llama()
@@ -68,8 +81,15 @@ def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
                 n_threads=n_threads or os.cpu_count() or 1,
                 verbose=False,
             )
-            _LOADED[key] = (llm, threading.Lock())
+            _LOADED[key] = Loaded(llm, threading.Lock(), SessionStates(0))
         return _LOADED[key]
+
+
+def load_llama(path: Path, n_ctx: int = 4096, n_threads: int | None = None,
+               instance: str = "") -> tuple[Any, threading.Lock]:
+    """The process-wide Llama for (`path`, `n_ctx`, `instance`) (loaded on first use) and its lock."""
+    loaded = load(path, n_ctx, n_threads, instance)
+    return loaded.llm, loaded.lock
 
 
 class SessionStates:
@@ -149,33 +169,24 @@ class LlamaCppModel:
         self.n_threads = n_threads
         self.instance = instance
         self.slots = max(1, slots)
-        self._generation_lock = threading.Lock()  # one generation at a time on this machine's cores
 
     @property
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
-    def _states(self, llm: Any) -> SessionStates:
-        """The episode states kept for one loaded model (shared by every backend object using it)."""
-        states = _STATES.get(id(llm))
-        if states is None:
-            states = _STATES[id(llm)] = SessionStates(self.slots - 1)
-        states.keep = max(states.keep, self.slots - 1)
-        return states
-
     def release(self, session: str) -> None:
         """The episode `session` has ended: drop its saved state (a model not loaded yet has none)."""
-        loaded = _LOADED.get((str(self.path.resolve()), self.n_ctx, self.instance))
+        loaded = _LOADED.get(_key(self.path, self.n_ctx, self.instance))
         if loaded is None:
             return
-        llm, lock = loaded
-        with lock:
-            self._states(llm).release(session)
+        with loaded.lock:
+            loaded.states.release(session)
 
     def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float, int]:
         """Generate under the model's lock; returns the completion, the generation time only, and the
         prompt tokens llama.cpp reused from the context's KV cache (its longest common prefix)."""
-        llm, lock = load_llama(self.path, self.n_ctx, self.n_threads, self.instance)
+        loaded = load(self.path, self.n_ctx, self.n_threads, self.instance)
+        llm = loaded.llm
         p = request.params
         kwargs: dict[str, Any] = {
             "messages": for_template(request.messages),
@@ -193,8 +204,9 @@ class LlamaCppModel:
             kwargs["response_format"] = {"type": "json_object", "schema": forced}
         if p.tools:
             kwargs["tools"] = p.tools  # rendered by the GGUF's own chat template (Qwen2.5 has a tools section)
-        with self._generation_lock, lock:
-            self._states(llm).switch(llm, p.session)
+        with loaded.lock:  # one generation at a time on this context (and on this machine's cores)
+            loaded.states.keep = max(loaded.states.keep, self.slots - 1)  # backends sharing it: the largest
+            loaded.states.switch(llm, p.session)
             before = list(llm._input_ids)  # the tokens whose KV the context holds
             start = time.perf_counter()
             out = llm.create_chat_completion(**kwargs)
