@@ -40,9 +40,12 @@ def show(
         views.print_json({"run": views.decoded(record), "evaluations": views.run_evaluations(store, record["id"]),
                           "calls": store.call_totals(record["id"])})
         return
-    if record["kind"] == "train":
-        views.training_overview(console, load_run(store, record["id"]))
-    views.run_detail(console, store, record)
+    if record["kind"] != "train":
+        views.run_detail(console, store, record)
+        return
+    view = load_run(store, record["id"])
+    views.training_overview(console, view)
+    views.run_detail(console, store, record, [row.to_dict() for row in view.evaluations])
 
 
 def report(

@@ -136,17 +136,9 @@ def runs_table(console: Console, store: RunStore) -> None:
 
 def run_evaluations(store: RunStore, run_id: str) -> list[dict[str, Any]]:
     """Each evaluation of a run with its progress, accuracy, terminations and tokens (for tables and --json)."""
-    out = []
-    for ev in store.evaluations(run_id):
-        trajs = store.trajectories(ev["id"])
-        terms: dict[str, int] = {}
-        for t in trajs:
-            terms[t.termination] = terms.get(t.termination, 0) + 1
-        out.append({"id": ev["id"], "label": ev["label"] or "", "harness_id": ev["harness_id"], "split": ev["split"],
-                    "done": len(trajs), "planned": ev["n_tasks"] * ev["trials"],
-                    "accuracy": sum(t.score for t in trajs) / len(trajs) if trajs else 0.0, "terminations": terms,
-                    "tokens": sum(t.prompt_tokens + t.completion_tokens for t in trajs)})
-    return out
+    from ..report.data import evaluation_rows
+
+    return [row.to_dict() for row in evaluation_rows(store, run_id)]
 
 
 def decoded(run: dict[str, Any]) -> dict[str, Any]:
@@ -164,10 +156,12 @@ def _summary(row: dict[str, Any]) -> dict[str, Any]:
     return json.loads(row["summary"]) if row.get("summary") else {}
 
 
-def run_detail(console: Console, store: RunStore, run: dict[str, Any]) -> None:
+def run_detail(console: Console, store: RunStore, run: dict[str, Any],
+               evaluations: list[dict[str, Any]] | None = None) -> None:
+    """Evaluations (`run_evaluations` rows, read from the store unless given) and model calls by role."""
     console.print(f"[bold]{run['id']}[/] ({run['kind']}, {run['status']})")
     table = Table(title="Evaluations")
-    evaluations = run_evaluations(store, run["id"])
+    evaluations = run_evaluations(store, run["id"]) if evaluations is None else evaluations
     key_column(table, "eval", [e["id"] for e in evaluations])
     for col in ("label", "harness", "split", "done/planned", "accuracy", "terminations", "tokens"):
         table.add_column(col)

@@ -6,6 +6,7 @@ The HTML report, `ecdysis show` and `ecdysis diff` read these views; they never 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,17 +19,26 @@ from ..trainer.records import AcceptRule, RoundRecord, SpecRecord
 
 @dataclass
 class EvalRow:
-    """One evaluation of the run, in the order it was started."""
+    """One evaluation of the run, in the order it was started, as far as it got."""
 
     id: str
     label: str
     split: str
     harness_id: str
     n_tasks: int
+    trials: int
     episodes: int
     accuracy: float
     tokens: int
     wall_s: float
+    terminations: dict[str, int]
+    passed: frozenset[str]  # tasks with a passing episode
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as `show --json` prints it."""
+        return {"id": self.id, "label": self.label, "harness_id": self.harness_id, "split": self.split,
+                "done": self.episodes, "planned": self.n_tasks * self.trials, "accuracy": self.accuracy,
+                "terminations": self.terminations, "tokens": self.tokens}
 
 
 @dataclass
@@ -146,28 +156,25 @@ def trajectory_anchor(round_no: int, task_id: str) -> str:
     return f"traj-r{round_no}-{task_id}"
 
 
-def _evaluations(store: RunStore, run_id: str) -> list[EvalRow]:
+def evaluation_rows(store: RunStore, run_id: str) -> list[EvalRow]:
+    """Each evaluation of a run with its progress, accuracy, terminations and tokens (report, `show`)."""
     rows = []
     for ev in store.evaluations(run_id):
         summary = json.loads(ev["summary"]) if ev.get("summary") else {}
         trajs = store.trajectories(ev["id"])
         rows.append(EvalRow(
             id=ev["id"], label=ev["label"] or "", split=ev["split"], harness_id=ev["harness_id"],
-            n_tasks=ev["n_tasks"], episodes=len(trajs),
+            n_tasks=ev["n_tasks"], trials=ev["trials"], episodes=len(trajs),
             accuracy=sum(t.score for t in trajs) / len(trajs) if trajs else 0.0,
             tokens=sum(t.prompt_tokens + t.completion_tokens for t in trajs),
-            wall_s=float(summary.get("wall_s") or 0.0)))
+            wall_s=float(summary.get("wall_s") or 0.0),
+            terminations=dict(Counter(t.termination for t in trajs)),
+            passed=frozenset(t.task_id for t in trajs if t.passed)))
     return rows
 
 
 def _train_eval(evals: list[EvalRow], harness_id: str) -> EvalRow | None:
     return next((e for e in evals if e.harness_id == harness_id and e.split == "train" and e.label == "train"), None)
-
-
-def _passing(store: RunStore, eval_row: EvalRow | None) -> set[str] | None:
-    if eval_row is None:
-        return None
-    return {t.task_id for t in store.trajectories(eval_row.id) if t.passed}
 
 
 def _elapsed(timings: dict[str, float], rounds: int) -> list[float]:
@@ -205,7 +212,7 @@ def load_run(store: RunStore, run_id: str) -> RunView:
     run_id = row["id"]
     view = RunView(run_id=run_id, kind=row["kind"], status=row["status"], config=json.loads(row["config"]),
                    summary=json.loads(row["summary"]) if row.get("summary") else {})
-    view.evaluations = _evaluations(store, run_id)
+    view.evaluations = evaluation_rows(store, run_id)
     view.calls = store.call_totals(run_id)
     view.accept_rule = records.load(store, run_id, AcceptRule, "accept_on")
     round_records = [r for _, r in records.load_all(store, run_id, RoundRecord)]
@@ -216,7 +223,8 @@ def load_run(store: RunStore, run_id: str) -> RunView:
         key = f"r{rec.round}"
         collect = _train_eval(view.evaluations, rec.harness_before)
         later = round_records[i + 1].harness_before if i + 1 < len(round_records) else (final_id or rec.harness_after)
-        passing_next = _passing(store, _train_eval(view.evaluations, later)) if later != rec.harness_before else None
+        next_eval = _train_eval(view.evaluations, later) if later != rec.harness_before else None
+        passing_next = next_eval.passed if next_eval is not None else None
         patterns = [PatternView(p, None if passing_next is None else len(set(p.get("tasks", [])) & passing_next))
                     for p in store.get_record(run_id, "patterns", key) or []]
         candidate_id = rec.candidate or (store.get_record(run_id, "candidate", key) or {}).get("harness")
