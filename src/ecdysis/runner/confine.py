@@ -156,22 +156,27 @@ def runtime_paths(src_root: str) -> list[str]:
     return sorted(p for p in paths if p and Path(p).exists())
 
 
+def _bwrap_base(exe: str, tmp_mb: int, network: bool = False) -> list[str]:
+    """The namespaces, identity and private tmpfs mounts every confined process gets."""
+    size = str(tmp_mb * 1024 * 1024)
+    return [exe, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", NOBODY, "--gid", NOBODY, "--proc", "/proc", "--dev", "/dev",
+            "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", SANDBOX_HOME, "--clearenv"]
+
+
+def _read_only(paths: list[str]) -> list[str]:
+    """Read-only binds of the paths that exist, each once."""
+    return [arg for path in dict.fromkeys(paths) if os.path.exists(path) for arg in ("--ro-bind", path, path)]
+
+
 def confine_argv(command: list[str], env: dict[str, str], src_root: str, read_only: list[str],
                  hidden: list[str], tmp_mb: int = 256) -> list[str] | None:
     """`command` wrapped in bwrap with the threat model above, or None if bwrap is unavailable."""
     exe = bwrap_path()
     if exe is None:
         return None
-    argv = [exe, "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-            "--uid", NOBODY, "--gid", NOBODY, "--hostname", "sandbox",
-            "--proc", "/proc", "--dev", "/dev", "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_HOME, "--chdir", SANDBOX_HOME, "--clearenv"]
-    for path in SYSTEM_DIRS:
-        if os.path.exists(path):
-            argv += ["--ro-bind", path, path]
-    for path in [*runtime_paths(src_root), *read_only]:
-        if os.path.exists(path):
-            argv += ["--ro-bind", path, path]
+    argv = [*_bwrap_base(exe, tmp_mb), "--hostname", "sandbox", "--chdir", SANDBOX_HOME,
+            *_read_only([*SYSTEM_DIRS, *runtime_paths(src_root), *read_only])]
     for path in hidden:
         if os.path.exists(path):
             argv += ["--ro-bind", empty_file(), path]
@@ -193,18 +198,12 @@ def confine_tool_argv(command: list[str], workdir: str, env: dict[str, str], net
     exe = bwrap_path()
     if exe is None:
         return None
-    argv = [exe, "--unshare-all", *(["--share-net"] if network else []), "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", NOBODY, "--gid", NOBODY, "--proc", "/proc", "--dev", "/dev",
-            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", "/tmp",
-            "--size", str(tmp_mb * 1024 * 1024), "--tmpfs", SANDBOX_HOME, "--clearenv"]
     tool_dir = shutil.which(command[0])
     readable = [*SYSTEM_DIRS, *runtime_paths(str(Path(__file__).resolve().parents[2])),
                 *([str(Path(tool_dir).resolve().parent)] if tool_dir else []),
                 *(("/etc/resolv.conf", "/etc/hosts", "/etc/ssl", "/etc/ca-certificates") if network else ())]
-    for path in dict.fromkeys(readable):
-        if os.path.exists(path):
-            argv += ["--ro-bind", path, path]
-    argv += ["--bind", workdir, TOOL_WORKDIR, "--chdir", TOOL_WORKDIR]
+    argv = [*_bwrap_base(exe, tmp_mb, network), *_read_only(readable),
+            "--bind", workdir, TOOL_WORKDIR, "--chdir", TOOL_WORKDIR]
     for key, value in {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": SANDBOX_HOME, "TMPDIR": "/tmp",
                        "LANG": "C.UTF-8", **env}.items():
         argv += ["--setenv", key, value]

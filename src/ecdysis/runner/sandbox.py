@@ -38,6 +38,11 @@ class SandboxLimits:
     cpu_s: int = 120  # CPU seconds of the worker itself (model time is spent in the host)
     file_mb: int = 64  # largest file the worker may write
 
+    def for_worker(self) -> dict[str, int]:
+        """The limits the worker applies to itself, with the task bound for RLIMIT_NPROC taken now."""
+        return {"memory_mb": self.memory_mb, "cpu_s": self.cpu_s, "file_mb": self.file_mb,
+                "max_tasks": uid_tasks() + TASK_MARGIN}
+
 
 def worker_env(workdir: str) -> dict[str, str]:
     """A minimal environment: no API keys or other secrets reach harness code."""
@@ -205,8 +210,7 @@ async def run_in_sandbox(
         "env_options": env_options,
         "task": task.public_view(),
         "trial": trial,
-        "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
-                   "max_tasks": uid_tasks() + TASK_MARGIN},
+        "limits": limits.for_worker(),
         "has_user": user is not None,
         "plugin_paths": plugin_paths or [],
     }
@@ -260,8 +264,7 @@ async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
                             limits: SandboxLimits) -> dict[str, Any]:
     """Run the candidate's H2 over stored replies in a worker; returns {"results"} or {"error"}."""
     request = {"mode": "replay", "files": files, "items": items,
-               "limits": {"memory_mb": limits.memory_mb, "cpu_s": limits.cpu_s, "file_mb": limits.file_mb,
-                          "max_tasks": uid_tasks() + TASK_MARGIN}}
+               "limits": limits.for_worker()}
     worker = await start_worker()
     request["confined"] = worker.confined
     try:
