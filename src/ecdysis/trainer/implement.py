@@ -150,12 +150,15 @@ class ExternalCommand:
         return cls(train.implementer_command, train.implementer_timeout_s, train.implementer_network,
                    tuple(train.implementer_env))
 
-    def argv(self, workdir: str) -> tuple[list[str], bool]:
-        """(argv, confined): bubblewrap-confined where available, else the bare command."""
+    def launch(self, workdir: str) -> tuple[list[str], dict[str, str]]:
+        """(argv, environment): bubblewrap-confined where available (the variables are set inside, the
+        process starts with none), else the bare command with a minimal environment."""
         command = shlex.split(self.command)
-        env = {k: os.environ[k] for k in self.env_names if k in os.environ}
-        confined = confine_tool_argv(command, workdir, env, self.network)
-        return (confined, True) if confined else (command, False)
+        passed = {k: os.environ[k] for k in self.env_names if k in os.environ}
+        confined = confine_tool_argv(command, workdir, passed, self.network)
+        if confined is not None:
+            return confined, {}
+        return command, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, **passed}
 
 
 @dataclass
@@ -184,11 +187,9 @@ class Implementer:
         with tempfile.TemporaryDirectory(prefix="ecdysis-impl-") as tmp:
             directory = current.write(Path(tmp) / "harness")
             (directory / "SPEC.json").write_text(spec.model_dump_json(indent=2))
-            argv, confined = self.external.argv(str(directory))
-            env = None if confined else {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(directory),
-                                         **{k: os.environ[k] for k in self.external.env_names if k in os.environ}}
+            argv, env = self.external.launch(str(directory))
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=directory, env={} if confined else env, stdout=asyncio.subprocess.PIPE,
+                *argv, cwd=directory, env=env, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             try:
                 output, _ = await asyncio.wait_for(proc.communicate(), timeout=self.external.timeout_s)

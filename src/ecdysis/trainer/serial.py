@@ -13,7 +13,6 @@ from ..harness.manifest import HarnessVersion
 from . import records
 from .failures import FailureRecord, Pattern, failure_record, suggest_levers
 from .fdcr import SpecWriter
-from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach
 from .records import RoundRecord, SerialEdit
 from .spec import HarnessSpec
@@ -82,8 +81,7 @@ class SerialTrainer(Trainer):
         if outcome.spec is None:
             return SerialEdit(task=task_id, reason=outcome.error or "")
         tried = outcome.spec.summary()
-        implementer = Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
-                                  self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train))
+        implementer = self.implementer()
         spec = HarnessSpec.model_validate(outcome.spec.model_dump())
         candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
             current, spec, latest or trajectories, single_turn))

@@ -112,6 +112,11 @@ class Trainer:
             lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
         return "\n".join(lines)
 
+    def implementer(self) -> Implementer:
+        """Builds candidates from specs: the implementer role, or the configured external command."""
+        return Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
+                           self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train))
+
     def single_turn(self, harness: HarnessVersion) -> bool:
         """True when the harness offers none of the environment's tools (replay can regrade answers)."""
         offered = harness.manifest.tools
@@ -191,9 +196,7 @@ class Trainer:
                 earlier=self.earlier_attempts(r)))
             spec_record = SpecRecord(spec=outcome.spec.model_dump() if outcome.spec else None, error=outcome.error)
             records.put(self.store, self.run_id, key, spec_record)
-        implementer = Implementer(
-            self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
-            self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train))
+        implementer = self.implementer()
         spec, candidate = None, None
         if spec_record.spec is not None:
             spec = HarnessSpec.model_validate(spec_record.spec)
