@@ -9,6 +9,7 @@ its bounded retries is recorded with termination `infra_error`, kept apart from 
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +33,14 @@ class Episode:
     limits: SandboxLimits
     plugin_paths: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)
+
+
+def run_here(episode: Episode, chat: ChatHandler, user: UserHandler | None,
+             pool: WorkerPool | None = None) -> Awaitable[Trajectory]:
+    """The episode in a sandboxed worker on this machine (what every executor ends up running)."""
+    return run_in_sandbox(episode.harness, episode.env_name, episode.env_options, episode.task, episode.trial,
+                          chat, episode.limits, user=user, plugin_paths=episode.plugin_paths,
+                          hidden=episode.hidden, pool=pool)
 
 
 class Executor(Protocol):
@@ -58,9 +67,7 @@ class LocalExecutor:
         self.pool = WorkerPool()
 
     async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
-        return await run_in_sandbox(episode.harness, episode.env_name, episode.env_options, episode.task,
-                                    episode.trial, chat, episode.limits, user=user,
-                                    plugin_paths=episode.plugin_paths, hidden=episode.hidden, pool=self.pool)
+        return await run_here(episode, chat, user, self.pool)
 
     async def idle(self) -> None:
         await self.pool.drain()

@@ -14,8 +14,8 @@ import itertools
 from typing import Any
 
 from ..agent.trajectory import Trajectory
-from .executors import Episode, infra_failure
-from .sandbox import ChatHandler, UserHandler, run_in_sandbox
+from .executors import Episode, infra_failure, run_here
+from .sandbox import ChatHandler, UserHandler
 
 
 def _ray() -> Any:
@@ -53,10 +53,7 @@ class EpisodeWorker:
         async def user(conversation: list[dict[str, str]]) -> dict[str, Any]:
             return await self._relay({"op": "user", "conversation": conversation})
 
-        self.episode = asyncio.create_task(run_in_sandbox(
-            episode.harness, episode.env_name, episode.env_options, episode.task, episode.trial, chat,
-            episode.limits, user=user if has_user else None, plugin_paths=episode.plugin_paths,
-            hidden=episode.hidden))
+        self.episode = asyncio.ensure_future(run_here(episode, chat, user if has_user else None))
 
     async def next(self) -> dict[str, Any]:
         """The episode's next request to the driver, or {"op": "done", "trajectory": ...}."""
