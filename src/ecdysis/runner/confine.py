@@ -115,7 +115,11 @@ class PidsCgroup:
         (self.path / "pids.max").write_text(str(limit))
 
     def enter(self) -> None:
-        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+        self.add(os.getpid())
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (and so everything it starts from now on) into this cgroup."""
+        (self.path / "cgroup.procs").write_text(str(pid))
 
     def remove(self) -> None:
         """Remove once empty (the worker's processes are gone); retried briefly while they exit."""

@@ -16,7 +16,8 @@ from typing import Any, Protocol
 from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
-from .sandbox import ChatHandler, SandboxLimits, UserHandler, WorkerPool, run_in_sandbox
+from .sandbox import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
+from .workers import WorkerPool
 
 EXECUTORS = ("local", "ray")
 
@@ -58,8 +59,9 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Worker processes on this machine (bubblewrap-confined where available), each started while the
-    previous episode runs (a `WorkerPool`), so no episode waits for an interpreter to start."""
+    """Workers on this machine (bubblewrap-confined where available) from a `WorkerPool`: forked from a
+    pre-imported zygote, or started while the previous episode runs, so no episode waits for an
+    interpreter to start and import."""
 
     name = "local"
 

@@ -1,0 +1,210 @@
+"""Host side of the fork server: a confined zygote per sandbox shape forks one fresh worker per episode.
+
+Starting a worker interpreter and importing the agent loop costs ~250 ms of CPU per episode; a fork of a
+pre-imported zygote costs a few milliseconds. The zygote (`runner/zygote.py`) runs under the same
+bubblewrap confinement a worker gets, never runs harness code, and each episode it forks gets fresh
+namespaces of its own (`runner/nested.py`: private tmpfs mounts, PID, network, IPC), its own pids
+cgroup (the host moves it there before it may start) and the worker's rlimits and audit hook. Nothing
+an episode does is visible to another episode, to the zygote or to the host.
+
+Where bubblewrap is missing or the kernel refuses nested namespaces, `ForkServer.start` returns None and
+the caller starts a fresh worker process per episode instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .confine import PidsCgroup, confine_argv, pids_cgroup
+from .zygote import GO
+
+STREAM_LIMIT = 64 * 1024 * 1024  # a trajectory is one protocol line
+READY_TIMEOUT_S = 120.0
+FORK_TIMEOUT_S = 30.0
+
+
+class ZygoteError(RuntimeError):
+    """The zygote is gone or answered nonsense: the caller falls back to a fresh worker process."""
+
+
+def _ns_pid(host_pid: int) -> int | None:
+    """The pid `host_pid` has in its innermost PID namespace (last field of NSpid), None if it is gone."""
+    try:
+        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _children(host_pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{host_pid}/task/{host_pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+@dataclass
+class ForkedWorker:
+    """One forked episode: its channel and stderr as streams, a pidfd of the zygote's child that runs it
+    (killing that child kills the episode's whole PID namespace), and its pids cgroup."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    stderr: asyncio.StreamReader
+    confined: str
+    pidfd: int
+    cgroup: PidsCgroup | None = None
+    returncode: int | None = None
+    stderr_writer: asyncio.StreamWriter | None = None  # unused, but its transport holds the socket open
+    _closed: bool = field(default=False, repr=False)
+
+    def kill(self) -> None:
+        if not self._closed:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    async def wait(self) -> int | None:
+        """Until the zygote's child is gone (a pidfd turns readable when its process exits)."""
+        if self._closed:
+            return self.returncode
+        loop, done = asyncio.get_running_loop(), asyncio.Event()
+        loop.add_reader(self.pidfd, done.set)
+        try:
+            await asyncio.wait_for(done.wait(), timeout=10)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(self.pidfd)
+        return self.returncode
+
+    def discard(self) -> None:
+        self.kill()
+        if self._closed:
+            return
+        self._closed = True
+        self.writer.close()
+        if self.stderr_writer is not None:
+            self.stderr_writer.close()
+        os.close(self.pidfd)
+        if self.cgroup is not None:
+            self.cgroup.remove()
+
+
+class ForkServer:
+    """A confined zygote for one sandbox shape (plugin paths read-only, hidden paths masked)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, host_pid: int,
+                 cgroup: PidsCgroup | None, stderr: tempfile._TemporaryFileWrapper[bytes]) -> None:
+        self.proc, self.control, self.host_pid, self.cgroup, self._stderr = proc, control, host_pid, cgroup, stderr
+
+    @classmethod
+    def start(cls, src_root: str, env: dict[str, str], read_only: list[str], hidden: list[str],
+              env_name: str = "") -> ForkServer | None:
+        """Start and wait for the zygote (blocking: call it off the event loop). None where per-episode
+        namespaces are unavailable (no bubblewrap, no nested user namespaces)."""
+        command = [sys.executable, "-m", "ecdysis.runner.zygote", *([env_name, *read_only] if env_name else [])]
+        argv = confine_argv(command, env, src_root, read_only, hidden)
+        if argv is None or not hasattr(os, "pidfd_open"):
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        cgroup = pids_cgroup()
+        stderr = tempfile.TemporaryFile()
+        proc = subprocess.Popen(argv, stdin=theirs, stdout=subprocess.DEVNULL, stderr=stderr, env={},
+                                start_new_session=True, preexec_fn=cgroup.enter if cgroup else None)
+        theirs.close()
+        server = cls(proc, ours, 0, cgroup, stderr)
+        try:
+            ours.settimeout(READY_TIMEOUT_S)
+            ready = json.loads(ours.recv(4096) or b"{}")
+            if not ready.get("nested"):
+                raise ZygoteError("nested namespaces are unavailable")
+            server.host_pid = server._find(proc.pid, int(ready["pid"]))
+        except (OSError, ValueError, KeyError, ZygoteError):
+            server.close()
+            return None
+        ours.settimeout(FORK_TIMEOUT_S)
+        return server
+
+    def _find(self, root: int, ns_pid: int) -> int:
+        """The host pid of the process below `root` whose innermost pid is `ns_pid`."""
+        queue = _children(root)
+        while queue:
+            pid = queue.pop(0)
+            if _ns_pid(pid) == ns_pid and pid != root:
+                return pid
+            queue.extend(_children(pid))
+        raise ZygoteError(f"process {ns_pid} not found below {root}")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def fork(self) -> tuple[socket.socket, socket.socket, int, PidsCgroup | None]:
+        """Fork an episode: (channel, stderr, pidfd, cgroup). The child is in its cgroup and has been told
+        to go; the caller sends the request on the channel. Raises ZygoteError if the zygote is gone."""
+        channel, channel_child = socket.socketpair()
+        stderr, stderr_child = socket.socketpair()
+        try:
+            try:
+                socket.send_fds(self.control, [b"fork"], [channel_child.fileno(), stderr_child.fileno()])
+                reply = json.loads(self.control.recv(4096) or b"{}")
+            except (OSError, ValueError) as exc:
+                raise ZygoteError(f"the zygote did not answer: {exc}") from exc
+            finally:
+                channel_child.close()
+                stderr_child.close()
+            if "pid" not in reply:
+                raise ZygoteError(f"the zygote could not fork: {reply or self.stderr_tail()}")
+            host_pid = self._find(self.host_pid, int(reply["pid"]))
+            pidfd = os.pidfd_open(host_pid)
+            if _ns_pid(host_pid) != int(reply["pid"]):  # exited and reused before the pidfd was taken
+                os.close(pidfd)
+                raise ZygoteError("the forked child exited before it could start")
+            cgroup = pids_cgroup()
+            if cgroup is not None:
+                try:
+                    cgroup.add(host_pid)
+                except OSError:
+                    cgroup.remove()
+                    cgroup = None
+            channel.sendall(GO)
+            return channel, stderr, pidfd, cgroup
+        except BaseException:
+            channel.close()
+            stderr.close()
+            raise
+
+    async def spawn(self) -> ForkedWorker:
+        channel, stderr, pidfd, cgroup = self.fork()
+        reader, writer = await asyncio.open_unix_connection(sock=channel, limit=STREAM_LIMIT)
+        err_reader, err_writer = await asyncio.open_unix_connection(sock=stderr, limit=STREAM_LIMIT)
+        confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if cgroup else [])])
+        return ForkedWorker(reader, writer, err_reader, confined, pidfd, cgroup, stderr_writer=err_writer)
+
+    def stderr_tail(self) -> str:
+        with contextlib.suppress(OSError):
+            self._stderr.seek(0)
+            return self._stderr.read()[-4000:].decode(errors="replace")
+        return ""
+
+    def close(self) -> None:
+        """End the zygote: its PID namespace, and with it every episode still running, is torn down."""
+        self.control.close()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._stderr.close()
+        if self.cgroup is not None:
+            self.cgroup.remove()

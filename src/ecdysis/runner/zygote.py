@@ -1,0 +1,136 @@
+"""Sandbox-side fork server: one pre-imported interpreter that forks a fresh worker per episode.
+
+Started by the host as `python -m ecdysis.runner.zygote [ENV [PLUGIN_PATH...]]` under the same bubblewrap
+confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop (and the environment's
+module) once, never runs harness code itself, and per request (`fork` plus two descriptors: the
+episode's channel and its stderr) forks a child that enters fresh namespaces (`nested`), waits for the
+host's `go` (sent once the host has put it in its own pids cgroup), forks the episode as PID 1 of its
+PID namespace and reports the episode's exit status on the channel (`{"op": "exit"}`). The episode
+itself is the ordinary worker (`worker.main`) on the channel. The reply to each request is the child's
+pid in the zygote's namespace. The first message is `{"op": "ready", "pid", "nested"}`, where `nested`
+says whether per-episode namespaces work here (if not, the host starts a fresh worker per episode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+from importlib import import_module
+
+from . import nested
+
+PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
+           "ecdysis.runner.worker")
+GO = b"go\n"
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _episode(channel: int, stderr: int) -> int:
+    """PID 1 of the episode's namespaces: seal, wire the channel to stdin/stdout, run the worker."""
+    from .worker import main as worker_main
+
+    nested.seal_episode()
+    os.dup2(channel, 0)
+    os.dup2(channel, 1)
+    os.dup2(stderr, 2)
+    os.close(channel)
+    os.close(stderr)
+    return worker_main()
+
+
+def _intermediate(channel: int, stderr: int) -> None:
+    """The forked child: new namespaces, wait for the host, run the episode, report how it ended."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    status = 1
+    try:
+        nested.enter_namespaces()
+        if _read_exactly(channel, len(GO)) != GO:
+            os._exit(0)  # the host gave up on this episode
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                code = _episode(channel, stderr)
+            except BaseException:  # noqa: BLE001 - reported on the episode's stderr
+                os.write(2, traceback.format_exc().encode())
+            finally:
+                os._exit(code)
+        _, wait_status = os.waitpid(pid, 0)
+        status = os.waitstatus_to_exitcode(wait_status)
+        os.write(channel, (json.dumps({"op": "exit", "status": status}) + "\n").encode())
+    except BaseException:  # noqa: BLE001
+        os.write(stderr, f"episode setup failed in the zygote's child:\n{traceback.format_exc()}".encode())
+    os._exit(0)
+
+
+def _probe() -> bool:
+    """Whether a child can enter and seal fresh namespaces here (kernel and bubblewrap allow nesting)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            nested.enter_namespaces()
+            inner = os.fork()
+            if inner == 0:
+                try:
+                    nested.seal_episode()
+                    os._exit(0)
+                except BaseException:  # noqa: BLE001
+                    os._exit(1)
+            _, status = os.waitpid(inner, 0)
+            os._exit(os.waitstatus_to_exitcode(status))
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def main() -> int:
+    with contextlib.suppress(OSError):
+        os.nice(10)  # like every worker: yield the cores to the model
+    control = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in PRELOAD:
+        import_module(name)
+    if len(sys.argv) > 1:  # the environment's module, found on its plugin paths as the worker finds it
+        sys.path.extend(sys.argv[2:])
+        with contextlib.suppress(Exception):  # an environment that does not import is the episode's to report
+            import_module("ecdysis.envs").import_module(sys.argv[1])
+    ok = _probe()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    control.sendall(json.dumps({"op": "ready", "pid": os.getpid(), "nested": ok}).encode())
+    while True:
+        message, fds, _, _ = socket.recv_fds(control, 1024, 2)
+        if not message:
+            return 0
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            control.sendall(json.dumps({"error": "expected two descriptors"}).encode())
+            continue
+        pid = os.fork()
+        if pid == 0:
+            control.close()
+            _intermediate(*fds)
+        for fd in fds:
+            os.close(fd)
+        control.sendall(json.dumps({"pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
