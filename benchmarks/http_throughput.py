@@ -1,12 +1,14 @@
 """Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
 
     .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48] [--explain]
-                                                   [--pin]
+                                                   [--pin] [--rounds 3]
 
 Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
 `ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
 replays the exact requests that evaluation sent straight to the server with the OpenAI client at the same
-concurrency (no sandbox, no store). The ratio of the two wall times is what the framework costs.
+concurrency (no sandbox, no store), each episode's calls in order as an agent must send them. The ratio of
+the two wall times is what the framework costs; each is the median of `--rounds` runs, alternating which
+of the two goes first.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +60,7 @@ def start_server(model_path: Path, port: int, pin: bool) -> subprocess.Popen[byt
 
 
 async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_tokens: int,
-                    explain: bool = False) -> tuple[float, list]:
+                    explain: bool = False, label: str = "") -> tuple[float, list]:
     ask = "Explain step by step in a few sentences, then give the number." if explain else "Reply with the number."
     rows = [{"id": f"t{i}", "prompt": f"What is {i} plus {2 * i + 1}? {ask}", "answer": str(3 * i + 1),
              "split": "test"} for i in range(tasks)]
@@ -71,30 +74,33 @@ async def framework(tmp: Path, base: str, tasks: int, concurrency: int, max_toke
     ref = f"{base}::bench"
     cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{tmp / "tasks.jsonl"}"',
                              f'agent.harness="{harness}"', f'agent.model="{ref}"', "run.progress=false",
-                             f'run.run_dir="{tmp / f"run{concurrency}"}"',
+                             f'run.run_dir="{tmp / f"run{concurrency}{label}"}"',
                              f"run.concurrency={concurrency}", "cache.enabled=false",
                              f'model_settings."{ref}".max_concurrency={concurrency}'])
     ws = Workspace.open(cfg)
     start = time.perf_counter()
     summary = await ws.runner("bench").evaluate(ws.harness(), ws.tasks("test", None), 1, "test", "eval")
     wall = time.perf_counter() - start
-    requests = [(e["messages"], e.get("usage", {})) for t in ws.store.trajectories(summary.eval_id)
-                for e in t.of_kind("model")]
+    requests = [[(e["messages"], e.get("usage", {})) for e in t.of_kind("model")]
+                for t in ws.store.trajectories(summary.eval_id)]
     ws.close()
     return wall, requests
 
 
-async def direct(base: str, requests: list, concurrency: int, max_tokens: int) -> float:
+async def direct(base: str, episodes: list, concurrency: int, max_tokens: int) -> float:
+    """The same requests straight to the server: `concurrency` episodes at a time, each episode's calls in
+    order (an agent cannot send its next prompt before the reply it contains has arrived)."""
     client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0)
     semaphore = asyncio.Semaphore(concurrency)
 
-    async def one(messages: list) -> None:
+    async def one(calls: list) -> None:
         async with semaphore:
-            await client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
-                                                 temperature=0.0)
+            for messages, _ in calls:
+                await client.chat.completions.create(model="bench", messages=messages, max_tokens=max_tokens,
+                                                     temperature=0.0)
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(m) for m, _ in requests))
+    await asyncio.gather(*(one(calls) for calls in episodes))
     wall = time.perf_counter() - start
     await client.close()
     return wall
@@ -107,6 +113,7 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--explain", action="store_true", help="prompts that ask for longer replies")
     parser.add_argument("--pin", action="store_true", help="server on core 0, framework and client on core 1")
+    parser.add_argument("--rounds", type=int, default=3, help="framework and server-alone runs per concurrency")
     args = parser.parse_args()
     port = free_port()
     server = start_server(local_models.resolve_verified(args.model), port, args.pin)
@@ -119,13 +126,25 @@ async def main() -> None:
             print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, explain {args.explain}, "
                   f"llama-cpp-python server{' pinned to core 0 (framework on core 1)' if args.pin else ''}")
             for concurrency in (1, 4, 16):
-                wall, requests = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens,
-                                                 args.explain)
-                raw = await direct(base, requests, concurrency, args.max_tokens)
+                walls: list[float] = []
+                raws: list[float] = []
+                episodes: list = []  # the requests of the latest framework run (the same in every round)
+                for round_ in range(args.rounds):  # alternating which goes first, so drift hits both alike
+                    if round_ % 2:
+                        raws.append(await direct(base, episodes, concurrency, args.max_tokens))
+                    wall, episodes = await framework(Path(tmp), base, args.tasks, concurrency, args.max_tokens,
+                                                     args.explain, label=f"-{round_}")
+                    walls.append(wall)
+                    if not round_ % 2:
+                        raws.append(await direct(base, episodes, concurrency, args.max_tokens))
+                requests = [call for calls in episodes for call in calls]
                 tokens = sum(u.get("completion_tokens", 0) for _, u in requests)
+                wall, raw = statistics.median(walls), statistics.median(raws)
+                rounds = " ".join(f"{w / r:.3f}" for w, r in zip(walls, raws, strict=True))
                 print(f"concurrency {concurrency:2}: {len(requests)} calls, {tokens} completion tokens; "
-                      f"framework {wall:6.1f}s ({len(requests) / wall:5.2f} req/s)  "
-                      f"server alone {raw:6.1f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f}",
+                      f"framework {wall:6.2f}s ({len(requests) / wall:5.2f} req/s)  "
+                      f"server alone {raw:6.2f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f} "
+                      f"(medians of {args.rounds}; per round {rounds})",
                       flush=True)
     finally:
         server.kill()

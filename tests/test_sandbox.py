@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ from helpers import seed_with
 from ecdysis.envs import get_environment, seeded_order
 from ecdysis.models import MeteredModel, ScriptedModel
 from ecdysis.runner import Runner, SandboxLimits
+from ecdysis.runner.forkserver import ForkServer
 from ecdysis.store import RunStore
 
 HEADER = "from ecdysis.harness.api import answer\n"
@@ -94,12 +97,37 @@ STATE = ("import os\n" + HEADER + "def realize(reply, ctx):\n    seen = [p for p
          "    open('/tmp/mark', 'w').write('x')\n    open('mark', 'w').write('x')\n    return answer(str(seen))\n")
 
 
-async def test_pooled_workers_serve_one_episode_each_and_do_not_outlive_the_batch(runner_parts) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("mode", ["forked", "fresh processes"])
+async def test_pooled_workers_serve_one_episode_each_and_do_not_outlive_the_batch(  # type: ignore[no-untyped-def]
+        runner_parts, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     runner, tasks, store = runner_parts
-    runner.concurrency = 1  # episodes in sequence: each after the first gets a worker started ahead of time
+    if mode == "fresh processes":  # what a machine without nested namespaces gets
+        monkeypatch.setattr(ForkServer, "start", classmethod(lambda cls, *args: None))
+    runner.concurrency = 1  # episodes in sequence: each after the first gets a worker made ahead of time
     version = seed_with("gsm8k", **{"action.py": STATE})
     summary = await runner.evaluate(version, tasks * 1, trials=3, split="test", label="state")
-    answers = [t.final_answer for t in store.trajectories(summary.eval_id)]
-    assert answers == ["[]"] * len(tasks) * 3  # no episode saw the files an earlier one wrote
+    trajectories = store.trajectories(summary.eval_id)
+    assert [t.final_answer for t in trajectories] == ["[]"] * len(tasks) * 3  # none saw an earlier one's files
+    assert all(("episode-ns" in t.isolation) == (mode == "forked") for t in trajectories)
     pool = runner.executor.pool
-    assert not any(pool._spares.values())  # the batch ended: no idle worker left running
+    assert not any(pool._spares.values()) and not any(pool._forked.values())  # no idle worker left running
+    runner.executor.close()
+
+
+async def test_a_dead_zygote_is_replaced_and_its_episodes_still_run(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    version = seed_with("gsm8k")
+    await runner.evaluate(version, tasks[:1], label="before")
+    pool = runner.executor.pool
+    (future,) = pool._servers.values()
+    zygote = future.result()
+    os.killpg(zygote.proc.pid, signal.SIGKILL)  # the zygote and every episode it forked ahead are gone
+    zygote.proc.wait()
+    for label in ("zygote-gone", "zygote-replaced"):
+        summary = await runner.evaluate(version, tasks, label=label)
+        trajectories = store.trajectories(summary.eval_id)
+        assert [t.termination for t in trajectories] == ["answered"] * len(tasks), label
+    assert all("episode-ns" in t.isolation for t in trajectories)  # a new zygote serves the last batch
+    (future,) = pool._servers.values()
+    assert future.result() is not zygote
+    runner.executor.close()

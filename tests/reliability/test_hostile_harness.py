@@ -6,6 +6,7 @@ checks what the code could reach, not only whether it crashed. A test fails if a
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -189,3 +190,86 @@ seen = f'{forks}|{stopped}'
     assert traj.final_answer is not None, (traj.termination, traj.traceback)
     forks, stopped = traj.final_answer.split("|")
     assert int(forks) < 1000 and stopped == "True", traj.final_answer  # the task limit refused the fork
+
+
+# Episodes forked from one zygote: each probe runs in a child interpreter started through ctypes (so no audit
+# hook stands in its way) and looks for its sibling while both run; a shared namespace would show up as a
+# second bind failing, a file or process of the other episode, or a connection to the other's listener.
+SIBLING_PROBE = r"""
+import json, os, socket, sys, time
+start, seen = time.time(), {}
+tag = sys.argv[1]
+for folder in ('/sandbox', '/tmp', '/dev/shm'):
+    open(os.path.join(folder, 'mark-' + tag), 'w').write(tag)
+binds = {}
+for name, family, address in (('abstract', socket.AF_UNIX, '\0ecdysis-sibling'),
+                              ('loopback', socket.AF_INET, ('127.0.0.1', 47123))):
+    server = socket.socket(family)
+    try:
+        server.bind(address)
+        server.listen(4)
+        binds[name] = 'bound'
+    except OSError as exc:
+        binds[name] = type(exc).__name__
+    globals()['keep_' + name] = server
+time.sleep(2.5)  # both episodes are now running
+seen['marks'] = sorted(m for folder in ('/sandbox', '/tmp', '/dev/shm') for m in os.listdir(folder) if 'mark-' in m)
+seen['proc'] = sorted(os.listdir('/proc'))
+alive = []
+for pid in range(1, 400):
+    try:
+        os.kill(pid, 0)
+        alive.append(pid)
+    except OSError:
+        pass
+seen['signalable'] = alive
+seen['binds'] = binds
+seen['span'] = [start, time.time()]
+print(json.dumps(seen))
+"""
+
+
+async def test_episodes_forked_from_one_zygote_cannot_see_each_other(tmp_path: Path, data_dir: Path) -> None:
+    assert bwrap_path() is not None
+    env = get_environment("gsm8k", data_dir=data_dir)
+    tasks = seeded_order(env.tasks("test"), 0)[:2]
+    store = RunStore(tmp_path / "run")
+    runner = Runner(store=store, run_id=store.start_run("siblings", {}), model=MeteredModel(ScriptedModel(["x"])),
+                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=30, memory_mb=1024, cpu_s=30),
+                    concurrency=2, show_progress=False)
+    code = attack(f"""
+import shlex, sys, uuid
+open('/sandbox/probe.py', 'w').write({SIBLING_PROBE!r})
+tag = uuid.uuid4().hex[:8]
+cmd = shlex.quote(sys.executable) + ' /sandbox/probe.py ' + tag + ' > /sandbox/out 2>&1'
+ctypes.pythonapi.system(cmd.encode())
+seen = tag + '|' + open('/sandbox/out').read()
+""")
+    summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": code}), tasks, 1, "test", "siblings")
+    trajectories = store.trajectories(summary.eval_id)
+    reports = []
+    for traj in trajectories:
+        assert "episode-ns" in traj.isolation, traj.isolation  # forked from the zygote, not a fresh process
+        tag, _, report = (traj.final_answer or "").partition("|")
+        reports.append((tag, json.loads(report)))
+    (tag_a, a), (tag_b, b) = reports
+    assert a["span"][0] < b["span"][1] and b["span"][0] < a["span"][1]  # the two episodes ran at the same time
+    for tag, seen in reports:
+        assert seen["binds"] == {"abstract": "bound", "loopback": "bound"}  # no shared network namespace
+        assert seen["marks"] == [f"mark-{tag}"] * 3  # its own files only, in each writable place
+        assert seen["proc"] == ["self"]
+        assert len(seen["signalable"]) <= 3  # the episode's own worker, shell and probe: no sibling, no zygote
+    runner.executor.close()
+
+
+async def test_an_episode_killing_everything_it_can_does_not_hurt_the_next(hostile) -> None:  # type: ignore[no-untyped-def]
+    run, *_ = hostile
+    killer = attack("""
+import shlex, sys
+probe = 'import os, signal; os.kill(-1, signal.SIGKILL)'
+seen = ctypes.pythonapi.system((shlex.quote(sys.executable) + ' -c ' + shlex.quote(probe)).encode())
+""")
+    first = await run("kill-all", killer)
+    assert "episode-ns" in first.isolation
+    after = await run("after-kill-all", attack("seen = 'still here'"))
+    assert after.termination == "answered" and after.final_answer == "still here"

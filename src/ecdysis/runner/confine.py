@@ -132,11 +132,32 @@ class PidsCgroup:
             except OSError:
                 time.sleep(0.02)
 
+    def release(self) -> None:
+        """Remove later, by the next `sweep_cgroups` (an rmdir takes milliseconds: not on an episode's path)."""
+        _LEFT_OVER.append(self)
+
+
+_LEFT_OVER: list[PidsCgroup] = []  # released, not yet removed
+
+
+def sweep_cgroups() -> None:
+    """Remove the released cgroups that have emptied (the rest stay for the next sweep)."""
+    for cgroup in list(_LEFT_OVER):
+        try:
+            cgroup.path.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError:
+            continue  # still busy
+        with contextlib.suppress(ValueError):
+            _LEFT_OVER.remove(cgroup)
+
 
 def pids_cgroup(limit: int = TASK_MARGIN) -> PidsCgroup | None:
     root = pids_cgroup_root()
     if root is None:
         return None
+    sweep_cgroups()
     try:
         return PidsCgroup(root, limit)
     except OSError:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -56,6 +57,37 @@ def _children(host_pid: int) -> list[int]:
 
 
 @dataclass
+class Forked:
+    """A forked episode not yet handed out (no event-loop state: it may wait in a pool): its channel and
+    stderr sockets, a pidfd of the zygote's child that runs it (killing that child kills the episode's
+    whole PID namespace), and its pids cgroup."""
+
+    channel: socket.socket
+    stderr: socket.socket
+    pidfd: int
+    cgroup: PidsCgroup | None
+
+    def alive(self) -> bool:
+        return not select.select([self.pidfd], [], [], 0)[0]  # a pidfd turns readable when its process exits
+
+    async def open(self) -> ForkedWorker:
+        """Its channel and stderr as streams of the running event loop."""
+        reader, writer = await asyncio.open_unix_connection(sock=self.channel, limit=STREAM_LIMIT)
+        err_reader, err_writer = await asyncio.open_unix_connection(sock=self.stderr, limit=STREAM_LIMIT)
+        confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if self.cgroup else [])])
+        return ForkedWorker(reader, writer, err_reader, confined, self.pidfd, self.cgroup, stderr_writer=err_writer)
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        self.channel.close()
+        self.stderr.close()
+        os.close(self.pidfd)
+        if self.cgroup is not None:
+            self.cgroup.release()
+
+
+@dataclass
 class ForkedWorker:
     """One forked episode: its channel and stderr as streams, a pidfd of the zygote's child that runs it
     (killing that child kills the episode's whole PID namespace), and its pids cgroup."""
@@ -76,17 +108,8 @@ class ForkedWorker:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
     async def wait(self) -> int | None:
-        """Until the zygote's child is gone (a pidfd turns readable when its process exits)."""
-        if self._closed:
-            return self.returncode
-        loop, done = asyncio.get_running_loop(), asyncio.Event()
-        loop.add_reader(self.pidfd, done.set)
-        try:
-            await asyncio.wait_for(done.wait(), timeout=10)
-        except TimeoutError:
-            pass
-        finally:
-            loop.remove_reader(self.pidfd)
+        """The exit status its parent reported, if any. Nothing to wait for: the zygote reaps its children,
+        and a killed episode cannot write to the store, so the next episode need not wait for it to go."""
         return self.returncode
 
     def discard(self) -> None:
@@ -99,7 +122,7 @@ class ForkedWorker:
             self.stderr_writer.close()
         os.close(self.pidfd)
         if self.cgroup is not None:
-            self.cgroup.remove()
+            self.cgroup.release()
 
 
 class ForkServer:
@@ -150,9 +173,10 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def fork(self) -> tuple[socket.socket, socket.socket, int, PidsCgroup | None]:
-        """Fork an episode: (channel, stderr, pidfd, cgroup). The child is in its cgroup and has been told
-        to go; the caller sends the request on the channel. Raises ZygoteError if the zygote is gone."""
+    def fork(self) -> Forked:
+        """Fork an episode, ready for its request: in fresh namespaces, in its own cgroup, told to go (it
+        then waits for the request on the channel). Blocking (cgroup moves take milliseconds): call it off
+        the event loop. Raises ZygoteError if the zygote is gone."""
         channel, channel_child = socket.socketpair()
         stderr, stderr_child = socket.socketpair()
         try:
@@ -179,18 +203,11 @@ class ForkServer:
                     cgroup.remove()
                     cgroup = None
             channel.sendall(GO)
-            return channel, stderr, pidfd, cgroup
+            return Forked(channel, stderr, pidfd, cgroup)
         except BaseException:
             channel.close()
             stderr.close()
             raise
-
-    async def spawn(self) -> ForkedWorker:
-        channel, stderr, pidfd, cgroup = self.fork()
-        reader, writer = await asyncio.open_unix_connection(sock=channel, limit=STREAM_LIMIT)
-        err_reader, err_writer = await asyncio.open_unix_connection(sock=stderr, limit=STREAM_LIMIT)
-        confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if cgroup else [])])
-        return ForkedWorker(reader, writer, err_reader, confined, pidfd, cgroup, stderr_writer=err_writer)
 
     def stderr_tail(self) -> str:
         with contextlib.suppress(OSError):

@@ -1,10 +1,10 @@
 """The `ray` executor: episodes run in Ray actors (on any node of a cluster) under the same sandbox.
 
-Each actor runs the ordinary sandboxed worker (`run_in_sandbox`) on its node; the episode's model and
-user turns come back to the driver through the actor (`next` / `respond`), so model calls keep the
-driver's cache, accounting and rate limits, and results are recorded in the one run store as each
-episode finishes. A dead actor (worker or node lost) costs only its in-flight episode, which is retried
-on a fresh actor up to `retries` times and then recorded as an infrastructure failure.
+Each actor runs the ordinary sandboxed worker (`run_in_sandbox`, forked from the actor's own zygote) on its
+node; the episode's model and user turns come back to the driver through the actor (`next` / `respond`),
+so model calls keep the driver's cache, accounting and rate limits, and results are recorded in the one
+run store as each episode finishes. A dead actor (worker or node lost) costs only its in-flight episode,
+which is retried on a fresh actor up to `retries` times and then recorded as an infrastructure failure.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from ..agent.trajectory import Trajectory
 from .executors import Episode, infra_failure, run_here
 from .sandbox import ChatHandler, UserHandler
+from .workers import WorkerPool
 
 
 def _ray() -> Any:
@@ -34,6 +35,7 @@ class EpisodeWorker:
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.ids = itertools.count()
         self.episode: asyncio.Task[Trajectory] | None = None
+        self.pool = WorkerPool()  # this node's zygote: the actor's episodes are forked from it
 
     def pid(self) -> int:
         import os
@@ -53,7 +55,7 @@ class EpisodeWorker:
         async def user(conversation: list[dict[str, str]]) -> dict[str, Any]:
             return await self._relay({"op": "user", "conversation": conversation})
 
-        self.episode = asyncio.ensure_future(run_here(episode, chat, user if has_user else None))
+        self.episode = asyncio.ensure_future(run_here(episode, chat, user if has_user else None, self.pool))
 
     async def next(self) -> dict[str, Any]:
         """The episode's next request to the driver, or {"op": "done", "trajectory": ...}."""

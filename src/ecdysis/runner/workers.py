@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .confine import PidsCgroup, confine_argv, pids_cgroup
-from .forkserver import STREAM_LIMIT, ForkServer, ZygoteError
+from .confine import PidsCgroup, confine_argv, pids_cgroup, sweep_cgroups
+from .forkserver import STREAM_LIMIT, Forked, ForkServer, ZygoteError
 
 SRC_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -142,6 +142,8 @@ class WorkerPool:
     def __init__(self) -> None:
         self._servers: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zygote")
+        self._forked: dict[tuple[Any, ...], list[Forked]] = {}  # forked ahead, waiting for their request
+        self._refilling: set[tuple[Any, ...]] = set()
         self._spares: dict[tuple[Any, ...], list[ProcessWorker]] = {}
         self._starting: set[asyncio.Task[None]] = set()
         self._generation = 0  # bumped by drain(): spares still starting then are discarded on arrival
@@ -151,14 +153,45 @@ class WorkerPool:
         if key not in self._servers:  # started once per shape, off the event loop (imports take a moment)
             self._servers[key] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
                                                       list(read_only or ()), list(hidden or ()), env_name)
-        server = await asyncio.wrap_future(self._servers[key])
+        future = self._servers[key]
+        server = await asyncio.wrap_future(future)
         if server is not None:
             try:
-                return await server.spawn()
+                return await self._take_forked(key, server)
             except ZygoteError:
-                server.close()  # gone or broken: the next episode starts a new one
-                del self._servers[key]
+                server.close()  # gone or broken: this episode gets a fresh process, the next a new zygote
+                if self._servers.get(key) is future:
+                    del self._servers[key]
         return await self._take_process(key, read_only, hidden)
+
+    async def _take_forked(self, key: tuple[Any, ...], server: ForkServer) -> Worker:
+        """A spare forked ahead if one is ready, else one forked now; then one more forked in the background,
+        so the next episode finds its namespaces, mounts and cgroup already made."""
+        spares, forked = self._forked.setdefault(key, []), None
+        while spares and forked is None:
+            candidate = spares.pop()
+            if candidate.alive():
+                forked = candidate
+            else:
+                candidate.close()
+        if forked is None:
+            forked = await asyncio.wrap_future(self._threads.submit(server.fork))
+        if key not in self._refilling and not spares:
+            self._refilling.add(key)
+            self._threads.submit(self._refill, key, server, self._generation)
+        return await forked.open()
+
+    def _refill(self, key: tuple[Any, ...], server: ForkServer, generation: int) -> None:
+        try:
+            forked = server.fork()
+        except (ZygoteError, OSError):
+            return
+        finally:
+            self._refilling.discard(key)
+        if generation != self._generation:
+            forked.close()
+        else:
+            self._forked.setdefault(key, []).append(forked)
 
     async def _take_process(self, key: tuple[Any, ...], read_only: list[str] | None,
                             hidden: list[str] | None) -> ProcessWorker:
@@ -195,6 +228,13 @@ class WorkerPool:
         self._spares.clear()
         for worker in workers:
             await worker.aclose()
+        self._close_forked()
+
+    def _close_forked(self) -> None:
+        forked = [f for spares in self._forked.values() for f in spares]
+        self._forked.clear()
+        for spare in forked:
+            spare.close()
 
     def close(self) -> None:
         """Outside an event loop (the workspace closing): end the zygotes, kill whatever is left."""
@@ -203,9 +243,12 @@ class WorkerPool:
             for worker in spares:
                 worker.discard()
         self._spares.clear()
+        self._close_forked()
         for future in self._servers.values():
             future.add_done_callback(_close_server)  # runs now if started, else once it has
         self._servers.clear()
+        self._threads.shutdown(wait=False)  # a start still running finishes, then its callback ends the zygote
+        sweep_cgroups()
 
 
 def _close_server(future: concurrent.futures.Future[ForkServer | None]) -> None:
