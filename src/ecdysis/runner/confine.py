@@ -52,8 +52,15 @@ def bwrap_path() -> str | None:
 TASK_MARGIN = 64  # processes and threads harness code may add (RLIMIT_NPROC: a fork bomb stops there)
 
 
-def uid_tasks() -> int:
-    """Processes and threads this user runs now (RLIMIT_NPROC counts them all, host-wide)."""
+_COUNTED: list[float] = [0.0, 0.0]  # (when, count) of the latest scan
+
+
+def uid_tasks(max_age_s: float = 1.0) -> int:
+    """Processes and threads this user runs (RLIMIT_NPROC counts them all, host-wide), as counted at most
+    `max_age_s` ago: a scan of /proc costs a millisecond, which every episode's start would otherwise pay."""
+    when, counted = _COUNTED
+    if time.monotonic() - when < max_age_s:
+        return int(counted)
     uid, count = os.getuid(), 0
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
@@ -62,6 +69,7 @@ def uid_tasks() -> int:
                     count += len(os.listdir(f"/proc/{entry.name}/task"))
             except OSError:
                 continue
+    _COUNTED[:] = [time.monotonic(), float(count)]
     return count
 
 

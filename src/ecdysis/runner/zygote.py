@@ -14,6 +14,7 @@ says whether per-episode namespaces work here (if not, the host starts a fresh w
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -111,6 +112,7 @@ def main() -> int:
         sys.path.extend(sys.argv[2:])
         with contextlib.suppress(Exception):  # an environment that does not import is the episode's to report
             import_module("ecdysis.envs").import_module(sys.argv[1])
+    gc.freeze()  # what is imported now stays put: a child's collections do not copy the shared pages
     ok = _probe()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     control.sendall(json.dumps({"op": "ready", "pid": os.getpid(), "nested": ok}).encode())
