@@ -1,14 +1,15 @@
 """Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
 
     .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48] [--explain]
-                                                   [--pin] [--rounds 3]
+                                                   [--pin] [--rounds 5]
 
 Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
 `ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
 replays the exact requests that evaluation sent straight to the server with the OpenAI client at the same
 concurrency (no sandbox, no store), each episode's calls in order as an agent must send them. The ratio of
-the two wall times is what the framework costs; each is the median of `--rounds` runs, alternating which
-of the two goes first.
+the two wall times is what the framework costs: the median over `--rounds` pairs of runs made back to back
+(alternating which of the two goes first), since this machine's speed drifts more between runs than the
+framework costs. Wall times shown are medians.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--explain", action="store_true", help="prompts that ask for longer replies")
     parser.add_argument("--pin", action="store_true", help="server on core 0, framework and client on core 1")
-    parser.add_argument("--rounds", type=int, default=3, help="framework and server-alone runs per concurrency")
+    parser.add_argument("--rounds", type=int, default=5, help="framework and server-alone runs per concurrency")
     args = parser.parse_args()
     port = free_port()
     server = start_server(local_models.resolve_verified(args.model), port, args.pin)
@@ -140,11 +141,13 @@ async def main() -> None:
                 requests = [call for calls in episodes for call in calls]
                 tokens = sum(u.get("completion_tokens", 0) for _, u in requests)
                 wall, raw = statistics.median(walls), statistics.median(raws)
-                rounds = " ".join(f"{w / r:.3f}" for w, r in zip(walls, raws, strict=True))
+                ratios = [w / r for w, r in zip(walls, raws, strict=True)]  # each round's pair ran back to back
+                rounds = " ".join(f"{r:.3f}" for r in ratios)
                 print(f"concurrency {concurrency:2}: {len(requests)} calls, {tokens} completion tokens; "
                       f"framework {wall:6.2f}s ({len(requests) / wall:5.2f} req/s)  "
-                      f"server alone {raw:6.2f}s ({len(requests) / raw:5.2f} req/s)  ratio {wall / raw:.3f} "
-                      f"(medians of {args.rounds}; per round {rounds})",
+                      f"server alone {raw:6.2f}s ({len(requests) / raw:5.2f} req/s)  "
+                      f"ratio {statistics.median(ratios):.3f} "
+                      f"(median of {args.rounds} paired rounds: {rounds})",
                       flush=True)
     finally:
         server.kill()
