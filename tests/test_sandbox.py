@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -130,4 +131,49 @@ async def test_a_dead_zygote_is_replaced_and_its_episodes_still_run(runner_parts
     assert all("episode-ns" in t.isolation for t in trajectories)  # a new zygote serves the last batch
     (future,) = pool._servers.values()
     assert future.result() is not zygote
+    runner.executor.close()
+
+
+SLOW = HEADER + "import time\ndef realize(reply, ctx):\n    time.sleep(3)\n    return answer('18')\n"
+
+
+@pytest.mark.parametrize("retries", [0, 1])
+async def test_an_episode_whose_zygote_dies_is_an_infrastructure_failure_and_retried(  # type: ignore[no-untyped-def]
+        runner_parts, retries: int) -> None:
+    runner, tasks, store = runner_parts
+    runner.executor.retries = retries
+    version = seed_with("gsm8k", **{"action.py": SLOW})
+    pool = runner.executor.pool
+
+    async def kill_the_zygote() -> None:
+        while not pool._servers or not next(iter(pool._servers.values())).done():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)  # the episode is inside its 3 s realize
+        zygote = next(iter(pool._servers.values())).result()
+        os.killpg(zygote.proc.pid, signal.SIGKILL)
+
+    killer = asyncio.create_task(kill_the_zygote())
+    summary = await runner.evaluate(version, tasks[:1], label=f"zygote-killed-{retries}")
+    await killer
+    (traj,) = store.trajectories(summary.eval_id)
+    if retries:  # run again (in a fresh worker process while the zygote is replaced), and this time it finishes
+        assert traj.termination == "answered" and traj.final_answer == "18" and traj.isolation.startswith("bwrap+")
+        assert summary.infra_failures == 0 and summary.episodes == 1
+    else:  # kept apart from harness failures: not scored, run again by the next invocation
+        assert traj.termination == "infra_error" and "zygote" in (traj.traceback or "")
+        assert summary.infra_failures == 1 and summary.episodes == 0
+    runner.executor.close()
+
+
+async def test_each_harness_version_gets_its_own_zygote_and_idle_ones_are_retired(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    pool = runner.executor.pool
+    first, second = seed_with("gsm8k"), seed_with("gsm8k", **{"action.py": STATE})
+    await runner.evaluate(first, tasks, label="first")
+    (key_first,) = pool._servers
+    zygote_first = pool._servers[key_first].result()
+    await runner.evaluate(second, tasks, label="second")
+    (key_second,) = pool._servers  # the first harness's zygote had nothing in flight: ended
+    assert key_first[-1] == first.id and key_second[-1] == second.id
+    assert not zygote_first.alive() and pool._servers[key_second].result().alive()
     runner.executor.close()

@@ -15,7 +15,7 @@ TERMINATIONS = (
     "crash",  # harness code raised, the worker died or hit a resource limit
     "model_error",  # the model backend failed for good
     "user_stop",  # the simulated user ended the conversation (graded like "answered")
-    "infra_error",  # the executor lost the episode (a Ray worker or node died): not a harness failure
+    "infra_error",  # the executor lost the episode (a Ray worker or node, or its zygote, died): not a harness failure
 )
 INFRA_ERROR = "infra_error"
 

@@ -13,7 +13,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..agent.trajectory import Trajectory
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from .sandbox import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
@@ -65,10 +65,16 @@ class LocalExecutor:
 
     name = "local"
 
-    def __init__(self) -> None:
-        self.pool = WorkerPool()
+    def __init__(self, slots: int = 4, retries: int = 2) -> None:
+        self.pool = WorkerPool(slots)
+        self.retries = retries
 
     async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+        """An episode whose zygote died is run again (the pool starts a new zygote), up to `retries` times."""
+        for _ in range(self.retries):
+            traj = await run_here(episode, chat, user, self.pool)
+            if traj.termination != INFRA_ERROR:
+                return traj
         return await run_here(episode, chat, user, self.pool)
 
     async def idle(self) -> None:
@@ -88,7 +94,7 @@ def infra_failure(episode: Episode, attempts: int, error: str) -> Trajectory:
 def make_executor(name: str, ray_address: str = "", slots: int = 2, retries: int = 2) -> Executor:
     """`local`, or `ray` (optional extra; connects to `ray_address`, `auto`, or starts a local cluster)."""
     if name == "local":
-        return LocalExecutor()
+        return LocalExecutor(slots=slots, retries=retries)
     if name == "ray":
         from .ray_executor import RayExecutor
 

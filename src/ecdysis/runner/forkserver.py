@@ -1,11 +1,15 @@
-"""Host side of the fork server: a confined zygote per sandbox shape forks one fresh worker per episode.
+"""Host side of the fork server: a confined zygote per harness and sandbox shape forks one worker per episode.
 
-Starting a worker interpreter and importing the agent loop costs ~250 ms of CPU per episode; a fork of a
+Starting a worker interpreter and importing the agent loop costs ~160 ms of CPU per episode; a fork of a
 pre-imported zygote costs a few milliseconds. The zygote (`runner/zygote.py`) runs under the same
-bubblewrap confinement a worker gets, never runs harness code, and each episode it forks gets fresh
-namespaces of its own (`runner/nested.py`: private tmpfs mounts, PID, network, IPC), its own pids
-cgroup (the host moves it there before it may start) and the worker's rlimits and audit hook. Nothing
-an episode does is visible to another episode, to the zygote or to the host.
+bubblewrap confinement a worker gets and never runs harness code; each episode it forks gets namespaces
+of its own (`runner/nested.py`: private tmpfs mounts, PID, network, IPC) and the worker's rlimits and
+audit hook. Nothing an episode does is visible to another episode, to the zygote or to the host.
+
+Processes are bounded by one pids cgroup per zygote, entered when it starts. A zygote serves one harness
+version, so a harness that fork-bombs exhausts only its own episodes' budget. (Moving each episode into a
+cgroup of its own would take the kernel's global cgroup lock for milliseconds per episode, which stalls
+every process on the machine that starts a thread meanwhile, a model server included.)
 
 Where bubblewrap is missing or the kernel refuses nested namespaces, `ForkServer.start` returns None and
 the caller starts a fresh worker process per episode instead.
@@ -23,11 +27,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .confine import PidsCgroup, confine_argv, pids_cgroup
-from .zygote import GO
 
 STREAM_LIMIT = 64 * 1024 * 1024  # a trajectory is one protocol line
 READY_TIMEOUT_S = 120.0
@@ -35,7 +39,7 @@ FORK_TIMEOUT_S = 30.0
 
 
 class ZygoteError(RuntimeError):
-    """The zygote is gone or answered nonsense: the caller falls back to a fresh worker process."""
+    """The zygote is gone or could not fork: the caller falls back to a fresh worker process."""
 
 
 def _ns_pid(host_pid: int) -> int | None:
@@ -59,23 +63,23 @@ def _children(host_pid: int) -> list[int]:
 @dataclass
 class Forked:
     """A forked episode not yet handed out (no event-loop state: it may wait in a pool): its channel and
-    stderr sockets, a pidfd of the zygote's child that runs it (killing that child kills the episode's
-    whole PID namespace), and its pids cgroup."""
+    stderr sockets, and a pidfd of the zygote's child that runs it (killing that child kills the episode's
+    whole PID namespace)."""
 
     channel: socket.socket
     stderr: socket.socket
     pidfd: int
-    cgroup: PidsCgroup | None
+    confined: str
 
     def alive(self) -> bool:
         return not select.select([self.pidfd], [], [], 0)[0]  # a pidfd turns readable when its process exits
 
-    async def open(self) -> ForkedWorker:
-        """Its channel and stderr as streams of the running event loop."""
+    async def open(self, server: ForkServer) -> ForkedWorker:
+        """Handed out: its channel and stderr as streams of the running event loop."""
         reader, writer = await asyncio.open_unix_connection(sock=self.channel, limit=STREAM_LIMIT)
         err_reader, err_writer = await asyncio.open_unix_connection(sock=self.stderr, limit=STREAM_LIMIT)
-        confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if self.cgroup else [])])
-        return ForkedWorker(reader, writer, err_reader, confined, self.pidfd, self.cgroup, stderr_writer=err_writer)
+        server.in_flight += 1
+        return ForkedWorker(reader, writer, err_reader, self.confined, self.pidfd, server, stderr_writer=err_writer)
 
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -83,21 +87,18 @@ class Forked:
         self.channel.close()
         self.stderr.close()
         os.close(self.pidfd)
-        if self.cgroup is not None:
-            self.cgroup.release()
 
 
 @dataclass
 class ForkedWorker:
-    """One forked episode: its channel and stderr as streams, a pidfd of the zygote's child that runs it
-    (killing that child kills the episode's whole PID namespace), and its pids cgroup."""
+    """One forked episode as the sandbox host drives it (the `Worker` protocol of `runner/workers.py`)."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     stderr: asyncio.StreamReader
     confined: str
     pidfd: int
-    cgroup: PidsCgroup | None = None
+    server: ForkServer
     returncode: int | None = None
     stderr_writer: asyncio.StreamWriter | None = None  # unused, but its transport holds the socket open
     _closed: bool = field(default=False, repr=False)
@@ -106,6 +107,10 @@ class ForkedWorker:
         if not self._closed:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+
+    def lost(self) -> bool:
+        """Whether the episode ended because its zygote died (no exit status came): not the harness's doing."""
+        return self.returncode is None and self.server.gone()
 
     async def wait(self) -> int | None:
         """The exit status its parent reported, if any. Nothing to wait for: the zygote reaps its children,
@@ -121,33 +126,37 @@ class ForkedWorker:
         if self.stderr_writer is not None:
             self.stderr_writer.close()
         os.close(self.pidfd)
-        if self.cgroup is not None:
-            self.cgroup.release()
+        self.server.in_flight -= 1
 
 
 class ForkServer:
-    """A confined zygote for one sandbox shape (plugin paths read-only, hidden paths masked)."""
+    """A confined zygote for one harness version and sandbox shape (plugin paths read-only, hidden paths
+    masked), in a pids cgroup of its own."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, host_pid: int,
-                 cgroup: PidsCgroup | None, stderr: tempfile._TemporaryFileWrapper[bytes]) -> None:
-        self.proc, self.control, self.host_pid, self.cgroup, self._stderr = proc, control, host_pid, cgroup, stderr
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, cgroup: PidsCgroup | None,
+                 stderr: tempfile._TemporaryFileWrapper[bytes]) -> None:
+        self.proc, self.control, self.cgroup, self._stderr = proc, control, cgroup, stderr
+        self.host_pid = 0
+        self.in_flight = 0  # episodes handed out and not yet discarded
+        self.confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if cgroup else [])])
 
     @classmethod
     def start(cls, src_root: str, env: dict[str, str], read_only: list[str], hidden: list[str],
-              env_name: str = "") -> ForkServer | None:
-        """Start and wait for the zygote (blocking: call it off the event loop). None where per-episode
-        namespaces are unavailable (no bubblewrap, no nested user namespaces)."""
+              env_name: str = "", max_tasks: int = 64) -> ForkServer | None:
+        """Start and wait for the zygote (blocking: call it off the event loop); it and every episode it
+        forks may hold `max_tasks` processes and threads in all. None where per-episode namespaces are
+        unavailable (no bubblewrap, no nested user namespaces)."""
         command = [sys.executable, "-m", "ecdysis.runner.zygote", *([env_name, *read_only] if env_name else [])]
         argv = confine_argv(command, env, src_root, read_only, hidden)
         if argv is None or not hasattr(os, "pidfd_open"):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        cgroup = pids_cgroup()
+        cgroup = pids_cgroup(max_tasks)
         stderr = tempfile.TemporaryFile()
         proc = subprocess.Popen(argv, stdin=theirs, stdout=subprocess.DEVNULL, stderr=stderr, env={},
                                 start_new_session=True, preexec_fn=cgroup.enter if cgroup else None)
         theirs.close()
-        server = cls(proc, ours, 0, cgroup, stderr)
+        server = cls(proc, ours, cgroup, stderr)
         try:
             ours.settimeout(READY_TIMEOUT_S)
             ready = json.loads(ours.recv(4096) or b"{}")
@@ -165,7 +174,7 @@ class ForkServer:
         queue = _children(root)
         while queue:
             pid = queue.pop(0)
-            if _ns_pid(pid) == ns_pid and pid != root:
+            if _ns_pid(pid) == ns_pid:
                 return pid
             queue.extend(_children(pid))
         raise ZygoteError(f"process {ns_pid} not found below {root}")
@@ -173,10 +182,18 @@ class ForkServer:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def gone(self) -> bool:
+        """Whether the zygote has died, allowing it a moment to be seen dead after its episodes' channels close."""
+        for _ in range(20):
+            if self.proc.poll() is not None:
+                return True
+            time.sleep(0.01)
+        return False
+
     def fork(self) -> Forked:
-        """Fork an episode, ready for its request: in fresh namespaces, in its own cgroup, told to go (it
-        then waits for the request on the channel). Blocking (cgroup moves take milliseconds): call it off
-        the event loop. Raises ZygoteError if the zygote is gone."""
+        """Fork an episode, ready for its request (it enters and seals its namespaces, then waits for the
+        request on the channel). Blocking for a few ms: call it off the event loop. Raises ZygoteError if
+        the zygote is gone or could not fork (its process budget is spent)."""
         channel, channel_child = socket.socketpair()
         stderr, stderr_child = socket.socketpair()
         try:
@@ -189,21 +206,13 @@ class ForkServer:
                 channel_child.close()
                 stderr_child.close()
             if "pid" not in reply:
-                raise ZygoteError(f"the zygote could not fork: {reply or self.stderr_tail()}")
+                raise ZygoteError(f"the zygote could not fork: {reply.get('error') or self.stderr_tail()}")
             host_pid = self._find(self.host_pid, int(reply["pid"]))
             pidfd = os.pidfd_open(host_pid)
             if _ns_pid(host_pid) != int(reply["pid"]):  # exited and reused before the pidfd was taken
                 os.close(pidfd)
                 raise ZygoteError("the forked child exited before it could start")
-            cgroup = pids_cgroup()
-            if cgroup is not None:
-                try:
-                    cgroup.add(host_pid)
-                except OSError:
-                    cgroup.remove()
-                    cgroup = None
-            channel.sendall(GO)
-            return Forked(channel, stderr, pidfd, cgroup)
+            return Forked(channel, stderr, pidfd, self.confined)
         except BaseException:
             channel.close()
             stderr.close()
@@ -224,4 +233,4 @@ class ForkServer:
             self.proc.wait(timeout=10)
         self._stderr.close()
         if self.cgroup is not None:
-            self.cgroup.remove()
+            self.cgroup.release()

@@ -35,7 +35,7 @@ class EpisodeWorker:
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.ids = itertools.count()
         self.episode: asyncio.Task[Trajectory] | None = None
-        self.pool = WorkerPool()  # this node's zygote: the actor's episodes are forked from it
+        self.pool = WorkerPool(slots=1)  # the actor's zygotes: its episodes (one at a time) are forked from them
 
     def pid(self) -> int:
         import os

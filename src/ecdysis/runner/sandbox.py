@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..agent.trajectory import Trajectory
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from .confine import TASK_MARGIN, uid_tasks
@@ -82,7 +82,8 @@ async def run_in_sandbox(
     }
     result: Trajectory | None = None
     termination, detail = "crash", ""
-    worker = await (pool.take(plugin_paths, hidden, env_name) if pool else start_worker(plugin_paths, hidden))
+    worker = await (pool.take(plugin_paths, hidden, env_name, harness.id) if pool
+                    else start_worker(plugin_paths, hidden))
     request["confined"] = worker.confined
     try:
         drain = asyncio.create_task(_drain(worker.stderr, stderr))
@@ -110,7 +111,9 @@ async def run_in_sandbox(
 
         try:
             result = await asyncio.wait_for(converse(), timeout=limits.timeout_s)
-            if result is None:
+            if result is None and worker.lost():
+                termination, detail = INFRA_ERROR, "the zygote that forked this episode died"
+            elif result is None:
                 detail = "the sandbox worker exited without a result"
         except TimeoutError:
             termination, detail = "timeout", f"task exceeded its {limits.timeout_s:g}s time limit"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .confine import PidsCgroup, confine_argv, pids_cgroup, sweep_cgroups
+from .confine import TASK_MARGIN, PidsCgroup, confine_argv, pids_cgroup, sweep_cgroups
 from .forkserver import STREAM_LIMIT, Forked, ForkServer, ZygoteError
 
 SRC_ROOT = str(Path(__file__).resolve().parents[2])
@@ -55,6 +55,10 @@ class Worker(Protocol):
     returncode: int | None  # exit status if known (negative: killed by that signal)
 
     def kill(self) -> None: ...
+
+    def lost(self) -> bool:
+        """Whether the infrastructure lost the episode (its zygote died), rather than the episode failing."""
+        ...
 
     async def wait(self) -> int | None: ...
 
@@ -96,6 +100,9 @@ class ProcessWorker:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
+    def lost(self) -> bool:
+        return False  # a worker process has nobody else to be lost by
+
     async def wait(self) -> int | None:
         return await self.proc.wait()
 
@@ -133,14 +140,17 @@ async def start_worker(read_only: list[str] | None = None, hidden: list[str] | N
 
 
 class WorkerPool:
-    """Hands out one worker per episode. Per sandbox shape (plugin paths, hidden paths) it keeps a zygote
-    that forks episodes (kept until `close`: it holds no event-loop state and runs no harness code); where
-    no zygote can run, it starts fresh processes ahead of need instead. Spare processes belong to the
-    event loop that started them; `drain` (called when a batch ends) kills them, so idle workers never
-    outlive the evaluation they were started for."""
+    """Hands out one worker per episode. Per harness version and sandbox shape (plugin paths, hidden paths)
+    it keeps a zygote that forks episodes (it holds no event-loop state and runs no harness code), with one
+    episode forked ahead; where no zygote can run, it starts fresh processes ahead of need instead.
+    `drain` (called when a batch ends) kills what was made ahead and ends the zygotes with no episode in
+    flight but the latest one, so idle workers never outlive the evaluation they were started for.
+    `slots`: episodes run at once, which sizes a zygote's process budget."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int = 4) -> None:
+        self.max_tasks = TASK_MARGIN * (max(slots, 1) + 1) + 8  # each episode's margin, a spare, the zygote
         self._servers: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}
+        self._latest: tuple[Any, ...] | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zygote")
         self._forked: dict[tuple[Any, ...], list[Forked]] = {}  # forked ahead, waiting for their request
         self._refilling: set[tuple[Any, ...]] = set()
@@ -148,25 +158,29 @@ class WorkerPool:
         self._starting: set[asyncio.Task[None]] = set()
         self._generation = 0  # bumped by drain(): spares still starting then are discarded on arrival
 
-    async def take(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "") -> Worker:
-        key = (tuple(read_only or ()), tuple(hidden or ()), env_name)
-        if key not in self._servers:  # started once per shape, off the event loop (imports take a moment)
+    async def take(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "",
+                   harness_id: str = "") -> Worker:
+        shape = (tuple(read_only or ()), tuple(hidden or ()))
+        key = self._latest = (*shape, env_name, harness_id)
+        if key not in self._servers:  # started once per harness and shape, off the event loop (imports take a moment)
             self._servers[key] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
-                                                      list(read_only or ()), list(hidden or ()), env_name)
+                                                      list(read_only or ()), list(hidden or ()), env_name,
+                                                      self.max_tasks)
         future = self._servers[key]
         server = await asyncio.wrap_future(future)
         if server is not None:
             try:
                 return await self._take_forked(key, server)
             except ZygoteError:
-                server.close()  # gone or broken: this episode gets a fresh process, the next a new zygote
-                if self._servers.get(key) is future:
-                    del self._servers[key]
-        return await self._take_process(key, read_only, hidden)
+                if not server.alive():  # gone: this episode gets a fresh process, the next a new zygote
+                    server.close()
+                    if self._servers.get(key) is future:
+                        del self._servers[key]
+        return await self._take_process(shape, read_only, hidden)
 
     async def _take_forked(self, key: tuple[Any, ...], server: ForkServer) -> Worker:
         """A spare forked ahead if one is ready, else one forked now; then one more forked in the background,
-        so the next episode finds its namespaces, mounts and cgroup already made."""
+        so the next episode finds its namespaces and mounts already made."""
         spares, forked = self._forked.setdefault(key, []), None
         while spares and forked is None:
             candidate = spares.pop()
@@ -179,7 +193,7 @@ class WorkerPool:
         if key not in self._refilling and not spares:
             self._refilling.add(key)
             self._threads.submit(self._refill, key, server, self._generation)
-        return await forked.open()
+        return await forked.open(server)
 
     def _refill(self, key: tuple[Any, ...], server: ForkServer, generation: int) -> None:
         try:
@@ -229,6 +243,12 @@ class WorkerPool:
         for worker in workers:
             await worker.aclose()
         self._close_forked()
+        for key, future in list(self._servers.items()):
+            server = future.result() if future.done() and not future.exception() else None
+            if key != self._latest and (server is None or server.in_flight == 0):
+                del self._servers[key]
+                if server is not None:
+                    server.close()
 
     def _close_forked(self) -> None:
         forked = [f for spares in self._forked.values() for f in spares]

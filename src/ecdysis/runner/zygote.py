@@ -1,14 +1,14 @@
 """Sandbox-side fork server: one pre-imported interpreter that forks a fresh worker per episode.
 
 Started by the host as `python -m ecdysis.runner.zygote [ENV [PLUGIN_PATH...]]` under the same bubblewrap
-confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop (and the environment's
-module) once, never runs harness code itself, and per request (`fork` plus two descriptors: the
-episode's channel and its stderr) forks a child that enters fresh namespaces (`nested`), waits for the
-host's `go` (sent once the host has put it in its own pids cgroup), forks the episode as PID 1 of its
-PID namespace and reports the episode's exit status on the channel (`{"op": "exit"}`). The episode
-itself is the ordinary worker (`worker.main`) on the channel. The reply to each request is the child's
-pid in the zygote's namespace. The first message is `{"op": "ready", "pid", "nested"}`, where `nested`
-says whether per-episode namespaces work here (if not, the host starts a fresh worker per episode).
+confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop (and
+the environment's module) once and never runs harness code itself. The first message it sends is
+`{"op": "ready", "pid", "nested"}`, where `nested` says whether per-episode namespaces work here (if not,
+the host starts a fresh worker per episode). Per request (`fork` plus two descriptors: the episode's
+channel and its stderr) it forks a child that enters fresh namespaces (`nested`), forks the episode as
+PID 1 of its PID namespace and reports the episode's exit status on the channel (`{"op": "exit"}`); the
+episode itself is the ordinary worker (`worker.main`) on the channel. The reply to each request is the
+child's pid in the zygote's namespace, or an error if it could not fork.
 """
 
 from __future__ import annotations
@@ -27,17 +27,6 @@ from . import nested
 
 PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
            "ecdysis.runner.worker")
-GO = b"go\n"
-
-
-def _read_exactly(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            break
-        data += chunk
-    return data
 
 
 def _episode(channel: int, stderr: int) -> int:
@@ -59,8 +48,6 @@ def _intermediate(channel: int, stderr: int) -> None:
     status = 1
     try:
         nested.enter_namespaces()
-        if _read_exactly(channel, len(GO)) != GO:
-            os._exit(0)  # the host gave up on this episode
         pid = os.fork()
         if pid == 0:
             code = 1
@@ -125,13 +112,17 @@ def main() -> int:
                 os.close(fd)
             control.sendall(json.dumps({"error": "expected two descriptors"}).encode())
             continue
-        pid = os.fork()
-        if pid == 0:
-            control.close()
-            _intermediate(*fds)
+        try:
+            pid = os.fork()
+        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb among the episodes)
+            pid, error = 0, f"fork failed: {exc}"
+        else:
+            if pid == 0:
+                control.close()
+                _intermediate(*fds)
         for fd in fds:
             os.close(fd)
-        control.sendall(json.dumps({"pid": pid}).encode())
+        control.sendall(json.dumps({"pid": pid} if pid else {"error": error}).encode())
 
 
 if __name__ == "__main__":
