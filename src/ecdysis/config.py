@@ -36,7 +36,7 @@ class RunSection(BaseModel):
     max_agent_tokens: int | None = None  # budget for fresh (uncached) agent tokens; then no new episodes start
     executor: Literal["local", "ray"] = "local"  # where episodes run: worker processes here, or Ray actors
     ray_address: str = ""  # "" starts a local Ray cluster; "auto" or "ray://host:10001" joins an existing one
-    episode_retries: int = 2  # times an episode the executor lost (worker/node died) is retried
+    episode_retries: int = 2  # times an episode the executor lost (Ray worker/node or zygote died) is retried
 
 
 class EnvSection(BaseModel):

@@ -108,6 +108,9 @@ class ForkedWorker:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
 
+    def exited(self, status: int | None) -> None:
+        self.returncode = status
+
     def lost(self) -> bool:
         """Whether the episode ended because its zygote died (no exit status came): not the harness's doing."""
         return self.returncode is None and self.server.gone()

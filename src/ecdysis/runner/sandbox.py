@@ -99,7 +99,8 @@ async def run_in_sandbox(
                 if message.get("op") == "done":
                     return Trajectory.from_dict(message["trajectory"])
                 if message.get("op") == "exit":  # a forked worker's end, reported by its parent
-                    worker.returncode = message["status"]
+                    status = message.get("status")
+                    worker.exited(status if isinstance(status, int) else None)
                     return None
                 if message.get("op") == "user" and user is not None:
                     reply = await user(message["conversation"])

@@ -60,6 +60,10 @@ class Worker(Protocol):
         """Whether the infrastructure lost the episode (its zygote died), rather than the episode failing."""
         ...
 
+    def exited(self, status: int | None) -> None:
+        """The exit status reported over the channel (a forked worker's parent sends it)."""
+        ...
+
     async def wait(self) -> int | None: ...
 
     def discard(self) -> None:
@@ -102,6 +106,9 @@ class ProcessWorker:
 
     def lost(self) -> bool:
         return False  # a worker process has nobody else to be lost by
+
+    def exited(self, status: int | None) -> None:
+        return None  # its own exit status comes from the process itself
 
     async def wait(self) -> int | None:
         return await self.proc.wait()
