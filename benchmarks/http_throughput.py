@@ -1,7 +1,7 @@
 """Evaluation throughput against a local OpenAI-compatible llama.cpp server, framework vs. the server alone.
 
     .venv/bin/python benchmarks/http_throughput.py [--tasks 24] [--model smollm2-135m] [--max-tokens 48] [--explain]
-                                                   [--pin] [--rounds 5]
+                                                   [--pin] [--rounds 5] [--concurrency 1 4 16]
 
 Starts llama-cpp-python's server on 127.0.0.1 with the model, then for concurrency 1, 4 and 16: runs an
 `ecdysis` evaluation of a JSONL suite through the HTTP backend (sandboxed workers, store, cache off), and
@@ -114,6 +114,7 @@ async def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--explain", action="store_true", help="prompts that ask for longer replies")
     parser.add_argument("--pin", action="store_true", help="server on core 0, framework and client on core 1")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--rounds", type=int, default=5, help="framework and server-alone runs per concurrency")
     args = parser.parse_args()
     port = free_port()
@@ -126,7 +127,7 @@ async def main() -> None:
             await framework(Path(tmp), base, 4, 4, args.max_tokens)  # warm-up: server, imports, page cache
             print(f"{args.tasks} tasks, {args.model}, max_tokens {args.max_tokens}, explain {args.explain}, "
                   f"llama-cpp-python server{' pinned to core 0 (framework on core 1)' if args.pin else ''}")
-            for concurrency in (1, 4, 16):
+            for concurrency in args.concurrency:
                 walls: list[float] = []
                 raws: list[float] = []
                 episodes: list = []  # the requests of the latest framework run (the same in every round)

@@ -177,3 +177,17 @@ async def test_each_harness_version_gets_its_own_zygote_and_idle_ones_are_retire
     assert key_first[-1] == first.id and key_second[-1] == second.id
     assert not zygote_first.alive() and pool._servers[key_second].result().alive()
     runner.executor.close()
+
+
+async def test_a_zygote_prepared_ahead_is_claimed_by_the_first_harness_and_another_prepared(runner_parts) -> None:  # type: ignore[no-untyped-def]
+    runner, tasks, store = runner_parts
+    pool = runner.executor.pool
+    runner.executor.prepare([], [], "gsm8k")  # what the workspace does while the models load
+    (prepared,) = pool._unclaimed.values()
+    summary = await runner.evaluate(seed_with("gsm8k"), tasks, label="claims")
+    assert all("episode-ns" in t.isolation for t in store.trajectories(summary.eval_id))
+    (claimed,) = pool._servers.values()
+    assert claimed is prepared  # the batch's episodes were forked from the zygote started ahead
+    (next_one,) = pool._unclaimed.values()  # and the batch's end started one for the next harness version
+    assert next_one is not prepared and next_one.result() is not None and next_one.result().alive()
+    runner.executor.close()

@@ -87,6 +87,9 @@ class Workspace:
     def runner(self, run_id: str, model_ref: str | None = None, cache_scope: str = "") -> Runner:
         s, u = self.config.sandbox, self.config.user
         plugin = plugin_root(self.config.env.name, plugin_search(self.config))
+        plugin_paths = [plugin] if plugin else []
+        # the sandbox gets ready (a zygote imports the agent loop) while the models load
+        self.executor.prepare(plugin_paths, list(getattr(self.env, "sandbox_hidden", ())), self.config.env.name)
         return Runner(
             store=self.store, run_id=run_id,
             model=self.model(model_ref or self.config.agent.model, cache_scope=cache_scope),
@@ -97,7 +100,7 @@ class Workspace:
             user_model=(self.model(self.config.role_model("user"), role="user", cache_scope=cache_scope)
                         if getattr(self.env, "conversational", False) else None),
             user_settings={"max_turns": u.max_turns, "temperature": u.temperature, "max_tokens": u.max_tokens},
-            plugin_paths=[plugin] if plugin else [], executor=self.executor,
+            plugin_paths=plugin_paths, executor=self.executor,
         )
 
     @cached_property

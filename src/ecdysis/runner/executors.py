@@ -51,6 +51,10 @@ class Executor(Protocol):
         """Run the episode; `chat` and `user` are the host's handlers for its model and user turns."""
         ...
 
+    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
+        """Episodes of this environment are coming: get ready for them (without waiting)."""
+        ...
+
     async def idle(self) -> None:
         """The batch ended: free what was held ready for the next episode."""
         ...
@@ -76,6 +80,9 @@ class LocalExecutor:
             if traj.termination != INFRA_ERROR:
                 return traj
         return await run_here(episode, chat, user, self.pool)
+
+    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
+        self.pool.prepare(plugin_paths, hidden, env_name)
 
     async def idle(self) -> None:
         await self.pool.drain()

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,12 +75,14 @@ class Forked:
     def alive(self) -> bool:
         return not select.select([self.pidfd], [], [], 0)[0]  # a pidfd turns readable when its process exits
 
-    async def open(self, server: ForkServer) -> ForkedWorker:
-        """Handed out: its channel and stderr as streams of the running event loop."""
+    async def open(self, server: ForkServer, on_wait: Callable[[], None] | None = None) -> ForkedWorker:
+        """Handed out: its channel and stderr as streams of the running event loop. `on_wait` runs the first
+        time the episode waits on a model call."""
         reader, writer = await asyncio.open_unix_connection(sock=self.channel, limit=STREAM_LIMIT)
         err_reader, err_writer = await asyncio.open_unix_connection(sock=self.stderr, limit=STREAM_LIMIT)
         server.in_flight += 1
-        return ForkedWorker(reader, writer, err_reader, self.confined, self.pidfd, server, stderr_writer=err_writer)
+        return ForkedWorker(reader, writer, err_reader, self.confined, self.pidfd, server, on_wait=on_wait,
+                            stderr_writer=err_writer)
 
     def close(self) -> None:
         with contextlib.suppress(ProcessLookupError, OSError):
@@ -100,8 +103,14 @@ class ForkedWorker:
     pidfd: int
     server: ForkServer
     returncode: int | None = None
+    on_wait: Callable[[], None] | None = None
     stderr_writer: asyncio.StreamWriter | None = None  # unused, but its transport holds the socket open
     _closed: bool = field(default=False, repr=False)
+
+    def waiting(self) -> None:
+        if self.on_wait is not None:
+            on_wait, self.on_wait = self.on_wait, None
+            on_wait()
 
     def kill(self) -> None:
         if not self._closed:

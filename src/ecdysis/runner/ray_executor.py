@@ -127,6 +127,9 @@ class RayExecutor:
             return traj
         return infra_failure(episode, self.retries + 1, error)
 
+    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
+        return None  # each actor starts its own zygote on its node
+
     async def idle(self) -> None:
         return None  # actors are kept between batches (they are cheap to keep, slow to start)
 

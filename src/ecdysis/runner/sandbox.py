@@ -105,6 +105,7 @@ async def run_in_sandbox(
                 if message.get("op") == "user" and user is not None:
                     reply = await user(message["conversation"])
                 else:
+                    worker.waiting()
                     reply = await chat(message["messages"], message["params"])
                     served.append({"messages": message["messages"], **reply})
                 await send(reply)

@@ -64,6 +64,10 @@ class Worker(Protocol):
         """The exit status reported over the channel (a forked worker's parent sends it)."""
         ...
 
+    def waiting(self) -> None:
+        """The episode now waits on a model call: the moment for background work (forking the next one)."""
+        ...
+
     async def wait(self) -> int | None: ...
 
     def discard(self) -> None:
@@ -110,6 +114,9 @@ class ProcessWorker:
     def exited(self, status: int | None) -> None:
         return None  # its own exit status comes from the process itself
 
+    def waiting(self) -> None:
+        return None  # the next spare process was started when this one was taken
+
     async def wait(self) -> int | None:
         return await self.proc.wait()
 
@@ -151,12 +158,14 @@ class WorkerPool:
     it keeps a zygote that forks episodes (it holds no event-loop state and runs no harness code), with one
     episode forked ahead; where no zygote can run, it starts fresh processes ahead of need instead.
     `drain` (called when a batch ends) kills what was made ahead and ends the zygotes with no episode in
-    flight but the latest one, so idle workers never outlive the evaluation they were started for.
+    flight but the latest one, so idle workers never outlive the evaluation they were started for; a zygote
+    for the next harness version is started ahead (`prepare`), and claimed by its first episode.
     `slots`: episodes run at once, which sizes a zygote's process budget."""
 
     def __init__(self, slots: int = 4) -> None:
         self.max_tasks = TASK_MARGIN * (max(slots, 1) + 1) + 8  # each episode's margin, a spare, the zygote
         self._servers: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}
+        self._unclaimed: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}  # by shape
         self._latest: tuple[Any, ...] | None = None
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zygote")
         self._forked: dict[tuple[Any, ...], list[Forked]] = {}  # forked ahead, waiting for their request
@@ -165,16 +174,26 @@ class WorkerPool:
         self._starting: set[asyncio.Task[None]] = set()
         self._generation = 0  # bumped by drain(): spares still starting then are discarded on arrival
 
+    def prepare(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "") -> None:
+        """Start a zygote for episodes of this shape ahead of need (off the event loop: its imports take a
+        moment); the next harness version to run claims it."""
+        shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
+        if shape not in self._unclaimed:
+            self._unclaimed[shape] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
+                                                          list(shape[0]), list(shape[1]), env_name, self.max_tasks)
+
     async def take(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "",
                    harness_id: str = "") -> Worker:
-        shape = (tuple(read_only or ()), tuple(hidden or ()))
-        key = self._latest = (*shape, env_name, harness_id)
-        if key not in self._servers:  # started once per harness and shape, off the event loop (imports take a moment)
-            self._servers[key] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
-                                                      list(read_only or ()), list(hidden or ()), env_name,
-                                                      self.max_tasks)
+        shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
+        key = self._latest = (*shape, harness_id)
+        if key not in self._servers:  # the first episode of this harness version claims a prepared zygote
+            self.prepare(read_only, hidden, env_name)
+            self._servers[key] = self._unclaimed.pop(shape)
         future = self._servers[key]
-        server = await asyncio.wrap_future(future)
+        try:
+            server = await asyncio.wrap_future(future)
+        except Exception:  # noqa: BLE001 - a zygote that failed to start means fresh processes, not a failed run
+            server = None
         if server is not None:
             try:
                 return await self._take_forked(key, server)
@@ -183,11 +202,11 @@ class WorkerPool:
                     server.close()
                     if self._servers.get(key) is future:
                         del self._servers[key]
-        return await self._take_process(shape, read_only, hidden)
+        return await self._take_process(shape[:2], read_only, hidden)
 
     async def _take_forked(self, key: tuple[Any, ...], server: ForkServer) -> Worker:
-        """A spare forked ahead if one is ready, else one forked now; then one more forked in the background,
-        so the next episode finds its namespaces and mounts already made."""
+        """A spare forked ahead if one is ready, else one forked now. Once the episode waits on its model, one
+        more is forked in the background, so the next episode finds its namespaces and mounts already made."""
         spares, forked = self._forked.setdefault(key, []), None
         while spares and forked is None:
             candidate = spares.pop()
@@ -197,10 +216,14 @@ class WorkerPool:
                 candidate.close()
         if forked is None:
             forked = await asyncio.wrap_future(self._threads.submit(server.fork))
-        if key not in self._refilling and not spares:
+        return await forked.open(server, lambda: self._refill_soon(key, server))
+
+    def _refill_soon(self, key: tuple[Any, ...], server: ForkServer) -> None:
+        """Fork the next episode in the background unless one is ready or on its way. Called when an episode
+        waits on its model, so the fork's CPU does not delay that episode's own start."""
+        if key not in self._refilling and not self._forked.get(key):
             self._refilling.add(key)
             self._threads.submit(self._refill, key, server, self._generation)
-        return await forked.open(server)
 
     def _refill(self, key: tuple[Any, ...], server: ForkServer, generation: int) -> None:
         try:
@@ -256,6 +279,8 @@ class WorkerPool:
                 del self._servers[key]
                 if server is not None:
                     server.close()
+        if self._latest is not None:  # the next harness version will find its zygote started
+            self.prepare(list(self._latest[0]), list(self._latest[1]), self._latest[2])
 
     def _close_forked(self) -> None:
         forked = [f for spares in self._forked.values() for f in spares]
@@ -271,9 +296,10 @@ class WorkerPool:
                 worker.discard()
         self._spares.clear()
         self._close_forked()
-        for future in self._servers.values():
+        for future in [*self._servers.values(), *self._unclaimed.values()]:
             future.add_done_callback(_close_server)  # runs now if started, else once it has
         self._servers.clear()
+        self._unclaimed.clear()
         self._threads.shutdown(wait=False)  # a start still running finishes, then its callback ends the zygote
         sweep_cgroups()
 
