@@ -191,3 +191,35 @@ async def test_a_zygote_prepared_ahead_is_claimed_by_the_first_harness_and_anoth
     (next_one,) = pool._unclaimed.values()  # and the batch's end started one for the next harness version
     assert next_one is not prepared and next_one.result() is not None and next_one.result().alive()
     runner.executor.close()
+
+
+PRELOADING_PLUGIN = '''import os
+from ecdysis.envs.gsm8k import GSM8K as environment, make_episode  # noqa: F401
+
+
+def preload_sandbox():
+    os.environ["PRELOADED_BY"] = str(os.getpid())  # runs in the zygote: its forks inherit it
+'''
+
+
+@pytest.mark.parametrize("mode", ["forked", "fresh processes"])
+async def test_an_environment_preloads_its_episode_imports_once_in_the_zygote(  # type: ignore[no-untyped-def]
+        tmp_path: Path, data_dir: Path, mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if mode == "fresh processes":
+        monkeypatch.setattr(ForkServer, "start", classmethod(lambda cls, *args: None))
+    (tmp_path / "preloading_env.py").write_text(PRELOADING_PLUGIN)
+    env = get_environment("gsm8k", data_dir=data_dir)
+    tasks = seeded_order(env.tasks("test"), 0)[:3]
+    store = RunStore(tmp_path / "run")
+    runner = Runner(store=store, run_id=store.start_run("preload", {}), model=MeteredModel(ScriptedModel(["x"])),
+                    env=env, env_name="preloading_env:environment", plugin_paths=[str(tmp_path)],
+                    limits=SandboxLimits(timeout_s=20), concurrency=1, show_progress=False)
+    probe = ("import os\n" + HEADER + "def realize(reply, ctx):\n"
+             "    return answer(os.environ.get('PRELOADED_BY', 'none') + '/' + str(os.getpid()))\n")
+    summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": probe}), tasks, label="preload")
+    seen = [(t.final_answer or "").split("/") for t in store.trajectories(summary.eval_id)]
+    if mode == "forked":  # one zygote preloaded once; each episode is its own process (PID 1 of its namespace)
+        assert len({by for by, _ in seen}) == 1 and seen[0][0] != "none" and {own for _, own in seen} == {"1"}
+    else:
+        assert [by for by, _ in seen] == ["none"] * 3
+    runner.executor.close()

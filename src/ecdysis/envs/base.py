@@ -6,7 +6,9 @@ An environment lives in two places, both in one plugin module:
   `grade` is the only code that sees the gold answer; a task's `user_scenario` (what a simulated
   user knows) also stays in the host.
 - sandbox side: module-level `make_episode(public, options) -> Episode` builds one task's live
-  state from its public view only (prompt, tables, initial data) and runs tool calls.
+  state from its public view only (prompt, tables, initial data) and runs tool calls. An optional
+  module-level `preload_sandbox()` imports what episodes need; the sandbox's zygote calls it once
+  before forking episodes, so slow imports are not paid per episode.
 
 So neither harness code nor optimizer roles can read labels through the loop. An episode's
 `tools` are `ToolSpec`s (name, description, JSON-schema `parameters`); the library validates

@@ -1,8 +1,9 @@
 """Sandbox-side fork server: one pre-imported interpreter that forks a fresh worker per episode.
 
 Started by the host as `python -m ecdysis.runner.zygote [ENV [PLUGIN_PATH...]]` under the same bubblewrap
-confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop (and
-the environment's module) once and never runs harness code itself. The first message it sends is
+confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop and the
+environment's module once (and calls the module's `preload_sandbox()` if it has one: the imports its
+episodes need), and never runs harness code itself. The first message it sends is
 `{"op": "ready", "pid", "nested"}`, where `nested` says whether per-episode namespaces work here (if not,
 the host starts a fresh worker per episode). Per request (`fork` plus two descriptors: the episode's
 channel and its stderr) it forks a child that enters fresh namespaces (`nested`), forks the episode as
@@ -98,7 +99,10 @@ def main() -> int:
     if len(sys.argv) > 1:  # the environment's module, found on its plugin paths as the worker finds it
         sys.path.extend(sys.argv[2:])
         with contextlib.suppress(Exception):  # an environment that does not import is the episode's to report
-            import_module("ecdysis.envs").import_module(sys.argv[1])
+            module = import_module("ecdysis.envs").import_module(sys.argv[1])
+            preload = getattr(module, "preload_sandbox", None)
+            if callable(preload):  # what its episodes import (τ²: seconds of imports), done once for all
+                preload()
     gc.freeze()  # what is imported now stays put: a child's collections do not copy the shared pages
     ok = _probe()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
