@@ -112,6 +112,8 @@ async def test_pooled_workers_serve_one_episode_each_and_do_not_outlive_the_batc
     assert all(("episode-ns" in t.isolation) == (mode == "forked") for t in trajectories)
     pool = runner.executor.pool
     assert not any(pool._spares.values()) and not any(pool._forked.values())  # no idle worker left running
+    if mode == "fresh processes":  # a zygote that cannot run here is not tried again for every batch
+        assert pool._no_zygotes and not pool._unclaimed
     runner.executor.close()
 
 

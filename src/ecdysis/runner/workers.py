@@ -167,6 +167,7 @@ class WorkerPool:
         self._servers: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}
         self._unclaimed: dict[tuple[Any, ...], concurrent.futures.Future[ForkServer | None]] = {}  # by shape
         self._latest: tuple[Any, ...] | None = None
+        self._no_zygotes = False  # set once a zygote could not run here: then only fresh processes
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zygote")
         self._forked: dict[tuple[Any, ...], list[Forked]] = {}  # forked ahead, waiting for their request
         self._refilling: set[tuple[Any, ...]] = set()
@@ -178,7 +179,7 @@ class WorkerPool:
         """Start a zygote for episodes of this shape ahead of need (off the event loop: its imports take a
         moment); the next harness version to run claims it."""
         shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
-        if shape not in self._unclaimed:
+        if shape not in self._unclaimed and not self._no_zygotes:
             self._unclaimed[shape] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
                                                           list(shape[0]), list(shape[1]), env_name, self.max_tasks)
 
@@ -186,6 +187,8 @@ class WorkerPool:
                    harness_id: str = "") -> Worker:
         shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
         key = self._latest = (*shape, harness_id)
+        if self._no_zygotes:
+            return await self._take_process(shape[:2], read_only, hidden)
         if key not in self._servers:  # the first episode of this harness version claims a prepared zygote
             self.prepare(read_only, hidden, env_name)
             self._servers[key] = self._unclaimed.pop(shape)
@@ -194,7 +197,9 @@ class WorkerPool:
             server = await asyncio.wrap_future(future)
         except Exception:  # noqa: BLE001 - a zygote that failed to start means fresh processes, not a failed run
             server = None
-        if server is not None:
+        if server is None:  # no nested namespaces (or no bubblewrap) here: do not try again for every batch
+            self._no_zygotes = True
+        else:
             try:
                 return await self._take_forked(key, server)
             except ZygoteError:
