@@ -17,6 +17,7 @@ the trajectory's `isolation` records which took effect and the runner warns once
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -146,6 +147,19 @@ class PidsCgroup:
 
 
 _LEFT_OVER: list[PidsCgroup] = []  # released, not yet removed
+
+
+def _sweep_at_exit() -> None:
+    """At exit, give the processes of released cgroups a moment to go, then remove what emptied (what is
+    left is removed by the next ecdysis process, see `_remove_stale`)."""
+    for _ in range(25):
+        sweep_cgroups()
+        if not _LEFT_OVER:
+            return
+        time.sleep(0.02)
+
+
+atexit.register(_sweep_at_exit)
 
 
 def sweep_cgroups() -> None:
