@@ -36,16 +36,21 @@ def attack(body: str) -> str:
     return HEADER + "def realize(reply, ctx):\n    seen = ''\n" + indented + "\n    return answer(str(seen)[:2000])\n"
 
 
-@pytest.fixture()
-def hostile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def gsm8k_runner(tmp_path: Path, data_dir: Path, concurrency: int, timeout_s: float):  # type: ignore[no-untyped-def]
+    """A runner on `concurrency` GSM8K test tasks (one per slot) with a scripted model, in the real sandbox."""
     assert bwrap_path() is not None, "bubblewrap must be installed (make setup installs it)"
-    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     env = get_environment("gsm8k", data_dir=data_dir)
-    tasks = seeded_order(env.tasks("test"), 0)[:1]
     store = RunStore(tmp_path / "run")
     runner = Runner(store=store, run_id=store.start_run("hostile", {}), model=MeteredModel(ScriptedModel(["x"])),
-                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=20, memory_mb=1024, cpu_s=30),
-                    concurrency=1, show_progress=False)
+                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=timeout_s, memory_mb=1024, cpu_s=30),
+                    concurrency=concurrency, show_progress=False)
+    return runner, store, env, seeded_order(env.tasks("test"), 0)[:concurrency]
+
+
+@pytest.fixture()
+def hostile(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+    runner, store, env, tasks = gsm8k_runner(tmp_path, data_dir, concurrency=1, timeout_s=20)
 
     async def run(name: str, code: str):  # type: ignore[no-untyped-def]
         summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": code}), tasks, 1, "test", name)
@@ -230,13 +235,7 @@ print(json.dumps(seen))
 
 
 async def test_episodes_forked_from_one_zygote_cannot_see_each_other(tmp_path: Path, data_dir: Path) -> None:
-    assert bwrap_path() is not None
-    env = get_environment("gsm8k", data_dir=data_dir)
-    tasks = seeded_order(env.tasks("test"), 0)[:2]
-    store = RunStore(tmp_path / "run")
-    runner = Runner(store=store, run_id=store.start_run("siblings", {}), model=MeteredModel(ScriptedModel(["x"])),
-                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=30, memory_mb=1024, cpu_s=30),
-                    concurrency=2, show_progress=False)
+    runner, store, _, tasks = gsm8k_runner(tmp_path, data_dir, concurrency=2, timeout_s=30)
     code = attack(f"""
 import shlex, sys, uuid
 open('/sandbox/probe.py', 'w').write({SIBLING_PROBE!r})

@@ -141,11 +141,15 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
 WORKER_NICENESS = 10
 
 
-def main() -> int:
-    # Episodes yield the CPU to the model: where it runs on the same cores (the embedded backend, a local
-    # server), a worker's start-up and harness code must not slow generation down.
+def yield_cpu() -> None:
+    """Run at WORKER_NICENESS (set, not added: a worker forked from an already niced zygote stays there), so
+    sandbox work yields the cores to a model on the same machine (the embedded backend, a local server)."""
     with contextlib.suppress(OSError):
-        os.nice(WORKER_NICENESS)
+        os.setpriority(os.PRIO_PROCESS, 0, max(WORKER_NICENESS, os.getpriority(os.PRIO_PROCESS, 0)))
+
+
+def main() -> int:
+    yield_cpu()
     # Harness code may print: keep the protocol on a private fd and send fd 1 to stderr.
     link = HostLink(sys.stdin, os.fdopen(os.dup(1), "w", encoding="utf-8"))
     os.dup2(2, 1)

@@ -279,11 +279,10 @@ class WorkerPool:
             await worker.aclose()
         self._close_forked()
         for key, future in list(self._servers.items()):
-            server = future.result() if future.done() and not future.exception() else None
+            server = _started(future)
             if key != self._latest and (server is None or server.in_flight == 0):
                 del self._servers[key]
-                if server is not None:
-                    server.close()
+                future.add_done_callback(_close_server)  # now, or once a zygote still starting has started
         if self._latest is not None:  # the next harness version will find its zygote started
             self.prepare(list(self._latest[0]), list(self._latest[1]), self._latest[2])
 
@@ -309,7 +308,12 @@ class WorkerPool:
         sweep_cgroups()
 
 
+def _started(future: concurrent.futures.Future[ForkServer | None]) -> ForkServer | None:
+    """The zygote a start produced, None while starting or if it failed or could not run here."""
+    return future.result() if future.done() and not future.cancelled() and not future.exception() else None
+
+
 def _close_server(future: concurrent.futures.Future[ForkServer | None]) -> None:
-    server = None if future.cancelled() or future.exception() else future.result()
+    server = _started(future)
     if server is not None:
         server.close()

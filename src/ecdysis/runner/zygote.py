@@ -22,19 +22,38 @@ import signal
 import socket
 import sys
 import traceback
+from collections.abc import Callable
 from importlib import import_module
 
 from . import nested
+from .worker import yield_cpu
 
 PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
            "ecdysis.runner.worker")
 
 
+def _in_fresh_namespaces(body: Callable[[], int]) -> int:
+    """Enter fresh namespaces, run `body` in a child that is PID 1 of them and sealed; its exit status.
+    A failure in the child is written to its stderr (fd 2)."""
+    nested.enter_namespaces()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            nested.seal_episode()
+            code = body()
+        except BaseException:  # noqa: BLE001 - reported on stderr, ends the child
+            os.write(2, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
 def _episode(channel: int, stderr: int) -> int:
-    """PID 1 of the episode's namespaces: seal, wire the channel to stdin/stdout, run the worker."""
+    """In the sealed episode: wire the channel to stdin/stdout and stderr to fd 2, run the worker."""
     from .worker import main as worker_main
 
-    nested.seal_episode()
     os.dup2(channel, 0)
     os.dup2(channel, 1)
     os.dup2(stderr, 2)
@@ -44,22 +63,10 @@ def _episode(channel: int, stderr: int) -> int:
 
 
 def _intermediate(channel: int, stderr: int) -> None:
-    """The forked child: new namespaces, wait for the host, run the episode, report how it ended."""
+    """The forked child: run the episode in fresh namespaces, then report on the channel how it ended."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    status = 1
     try:
-        nested.enter_namespaces()
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _episode(channel, stderr)
-            except BaseException:  # noqa: BLE001 - reported on the episode's stderr
-                os.write(2, traceback.format_exc().encode())
-            finally:
-                os._exit(code)
-        _, wait_status = os.waitpid(pid, 0)
-        status = os.waitstatus_to_exitcode(wait_status)
+        status = _in_fresh_namespaces(lambda: _episode(channel, stderr))
         os.write(channel, (json.dumps({"op": "exit", "status": status}) + "\n").encode())
     except BaseException:  # noqa: BLE001
         os.write(stderr, f"episode setup failed in the zygote's child:\n{traceback.format_exc()}".encode())
@@ -70,26 +77,19 @@ def _probe() -> bool:
     """Whether a child can enter and seal fresh namespaces here (kernel and bubblewrap allow nesting)."""
     pid = os.fork()
     if pid == 0:
+        code = 1
         try:
-            nested.enter_namespaces()
-            inner = os.fork()
-            if inner == 0:
-                try:
-                    nested.seal_episode()
-                    os._exit(0)
-                except BaseException:  # noqa: BLE001
-                    os._exit(1)
-            _, status = os.waitpid(inner, 0)
-            os._exit(os.waitstatus_to_exitcode(status))
-        except BaseException:  # noqa: BLE001
-            os._exit(1)
+            code = _in_fresh_namespaces(lambda: 0)
+        except BaseException:  # noqa: BLE001 - refused: the host starts fresh workers instead
+            pass
+        finally:
+            os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status) == 0
 
 
 def main() -> int:
-    with contextlib.suppress(OSError):
-        os.nice(10)  # like every worker: yield the cores to the model
+    yield_cpu()  # like every worker; the episodes it forks stay at this niceness
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
