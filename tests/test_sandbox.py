@@ -159,7 +159,7 @@ async def test_an_episode_whose_zygote_dies_is_an_infrastructure_failure_and_ret
     await killer
     (traj,) = store.trajectories(summary.eval_id)
     if retries:  # run again (in a fresh worker process while the zygote is replaced), and this time it finishes
-        assert traj.termination == "answered" and traj.final_answer == "18" and traj.isolation.startswith("bwrap+")
+        assert traj.termination == "answered" and traj.final_answer == "18" and traj.isolation.startswith("bwrap+"), traj.traceback
         assert summary.infra_failures == 0 and summary.episodes == 1
     else:  # kept apart from harness failures: not scored, run again by the next invocation
         assert traj.termination == "infra_error" and "zygote" in (traj.traceback or "")

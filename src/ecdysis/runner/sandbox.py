@@ -113,9 +113,7 @@ async def run_in_sandbox(
 
         try:
             result = await asyncio.wait_for(converse(), timeout=limits.timeout_s)
-            if result is None and worker.lost():
-                termination, detail = INFRA_ERROR, "the zygote that forked this episode died"
-            elif result is None:
+            if result is None:
                 detail = "the sandbox worker exited without a result"
         except TimeoutError:
             termination, detail = "timeout", f"task exceeded its {limits.timeout_s:g}s time limit"
@@ -126,6 +124,8 @@ async def run_in_sandbox(
             await worker.wait()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(drain, timeout=5)
+        if result is None and termination == "crash" and worker.lost():  # EOF or a reset: the zygote's doing
+            termination, detail = INFRA_ERROR, f"the zygote that forked this episode died ({detail})"
     finally:
         worker.discard()
     if result is None:

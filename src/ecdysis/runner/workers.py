@@ -212,6 +212,8 @@ class WorkerPool:
     async def _take_forked(self, key: tuple[Any, ...], server: ForkServer) -> Worker:
         """A spare forked ahead if one is ready, else one forked now. Once the episode waits on its model, one
         more is forked in the background, so the next episode finds its namespaces and mounts already made."""
+        if not server.alive():  # its spares may not have noticed yet: none of them is handed out
+            raise ZygoteError("the zygote is gone")
         spares, forked = self._forked.setdefault(key, []), None
         while spares and forked is None:
             candidate = spares.pop()
