@@ -173,3 +173,18 @@ def library_demo_spec(patterns: list[Pattern]) -> HarnessSpec | None:
                     rationale=f"{target.id}: proposed by the library; no measured lever is left for it")
     return HarnessSpec(patterns_addressed=[target.id], changes=[change], skills=[],
                        implementation_notes="library candidate", expected_effect="decided by acceptance")
+
+
+def candidate_variants(spec: HarnessSpec, patterns: list[Pattern]) -> list[tuple[str, HarnessSpec]]:
+    """Alternative specs to validate next to the whole spec, as (name, spec): the engine picks among
+    them on train (cache-served) and decides on val. Today: the spec's H2 repairs alone, when it
+    bundles them with prompt edits."""
+    part = spec.deterministic_part()
+    return [("repairs only", part)] if part is not None else []
+
+
+def library_fallback_specs(patterns: list[Pattern]) -> list[HarnessSpec]:
+    """What the library tries, in order, when the roles give nothing that runs. Today: the
+    bootstrapped demonstration of `library_demo_spec`, if any."""
+    demo = library_demo_spec(patterns)
+    return [demo] if demo is not None else []
