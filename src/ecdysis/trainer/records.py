@@ -74,10 +74,31 @@ class AcceptRule(Record):
     why: str
 
 
+class CurvePoint(Record):
+    """The training curve after one decision (key `curve/{step:04d}`; step 0 is the seed before any edit).
+
+    `harness_id` is the current harness after the decision and `val_score`/`train_score` its scores where
+    they were measured (None: not evaluated on that split). Costs are cumulative for the run:
+    `agent_executions` counts episodes actually run (cache-served episodes are `cached_executions`),
+    `optimizer_*` counts the optimizer roles' fresh calls and tokens, `wall_s` the training wall time."""
+
+    arm: str
+    step: int
+    harness_id: str
+    val_score: float | None
+    train_score: float | None
+    wall_s: float
+    agent_executions: int
+    cached_executions: int
+    optimizer_calls: int
+    optimizer_tokens: int
+    accepted: bool
+
+
 R = TypeVar("R", bound=Record)
 
 KINDS: dict[type[Record], str] = {RoundRecord: "decision", SerialEdit: "serial-edit", SpecRecord: "spec",
-                                  AcceptRule: "rule"}
+                                  AcceptRule: "rule", CurvePoint: "curve"}
 
 
 def put(store: RunStore, run_id: str, key: str, record: Record) -> None:
