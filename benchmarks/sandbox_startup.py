@@ -20,9 +20,9 @@ import time
 
 from ecdysis.envs import get_environment, seeded_order
 from ecdysis.harness.generic_seed import generic_seed
-from ecdysis.runner import confine
-from ecdysis.runner.sandbox import SandboxLimits, run_in_sandbox
-from ecdysis.runner.workers import WorkerPool
+from ecdysis.sandbox import confine
+from ecdysis.sandbox.host import SandboxLimits, run_in_sandbox
+from ecdysis.sandbox.workers import WorkerPool
 
 MODES = ("forked (zygote)", "fresh bwrap", "in-process only")
 

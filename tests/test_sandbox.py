@@ -12,8 +12,9 @@ from helpers import seed_with
 
 from ecdysis.envs import get_environment, seeded_order
 from ecdysis.models import MeteredModel, ScriptedModel
-from ecdysis.runner import Runner, SandboxLimits
-from ecdysis.runner.forkserver import ForkServer
+from ecdysis.runner import Runner
+from ecdysis.sandbox import SandboxLimits
+from ecdysis.sandbox.forkserver import ForkServer
 from ecdysis.store import RunStore
 
 HEADER = "from ecdysis.harness.api import answer\n"

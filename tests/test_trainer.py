@@ -12,7 +12,7 @@ from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
 from ecdysis.models import Message, MeteredModel, ScriptedModel
-from ecdysis.runner import SandboxLimits
+from ecdysis.sandbox import SandboxLimits
 from ecdysis.trainer import records, train_async
 from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static

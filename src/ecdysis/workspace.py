@@ -12,8 +12,9 @@ from .envs import Environment, Task, get_environment, plugin_root, seeded_order
 from .harness.generic_seed import generic_seed
 from .harness.manifest import HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
-from .runner import Runner, SandboxLimits
+from .runner import Runner
 from .runner.executors import Executor, make_executor
+from .sandbox import SandboxLimits
 from .store import RunStore, claim_run_dir
 
 

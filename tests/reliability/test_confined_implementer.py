@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import BOXED_SPEC, seed_with  # noqa: E402
 
-from ecdysis.runner.confine import bwrap_path  # noqa: E402
+from ecdysis.sandbox.confine import bwrap_path  # noqa: E402
 from ecdysis.trainer.checks import CheckFailed  # noqa: E402
 from ecdysis.trainer.implement import ExternalCommand, Implementer  # noqa: E402
 from ecdysis.trainer.spec import HarnessSpec  # noqa: E402

@@ -22,8 +22,9 @@ from helpers import seed_with  # noqa: E402
 
 from ecdysis.envs import get_environment, seeded_order  # noqa: E402
 from ecdysis.models import MeteredModel, ScriptedModel  # noqa: E402
-from ecdysis.runner import Runner, SandboxLimits  # noqa: E402
-from ecdysis.runner.confine import bwrap_path  # noqa: E402
+from ecdysis.runner import Runner  # noqa: E402
+from ecdysis.sandbox import SandboxLimits  # noqa: E402
+from ecdysis.sandbox.confine import bwrap_path  # noqa: E402
 from ecdysis.store import RunStore  # noqa: E402
 
 SECRET = "sk-hostile-test-secret"

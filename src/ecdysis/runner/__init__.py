@@ -1,7 +1,8 @@
-"""Runner: sandboxed, concurrent, cached, recorded evaluation of a harness on tasks.
+"""Runner: concurrent, cached, recorded evaluation of a harness on tasks (episodes run in `ecdysis.sandbox`).
 
-Names are imported on first use: the sandbox worker (`ecdysis.runner.worker`) imports this package on
-every episode and needs none of the host side (store, models, progress bars).
+`runner` (the one place that evaluates), `executors` (local worker pool, Ray), `progress`, `user_sim` (the
+simulated user of conversation tasks, host side). Names are imported on first use, so importing a
+submodule (an executor) does not pull in the store and the models.
 """
 
 from __future__ import annotations
@@ -10,11 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .runner import EvalSummary, Runner, summarize
-    from .sandbox import SandboxLimits, run_in_sandbox
 
-__all__ = ["EvalSummary", "Runner", "SandboxLimits", "run_in_sandbox", "summarize"]
-_HOME = {"EvalSummary": "runner", "Runner": "runner", "summarize": "runner", "SandboxLimits": "sandbox",
-         "run_in_sandbox": "sandbox"}
+__all__ = ["EvalSummary", "Runner", "summarize"]
+_HOME = {"EvalSummary": "runner", "Runner": "runner", "summarize": "runner"}
 
 
 def __getattr__(name: str) -> Any:

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
-from .sandbox import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
-from .workers import WorkerPool
+from ..sandbox.host import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
+from ..sandbox.workers import WorkerPool
 
 EXECUTORS = ("local", "ray")
 

@@ -14,9 +14,9 @@ import itertools
 from typing import Any
 
 from ..agent.trajectory import Trajectory
+from ..sandbox.host import ChatHandler, UserHandler
+from ..sandbox.workers import WorkerPool
 from .executors import Episode, infra_failure, run_here
-from .sandbox import ChatHandler, UserHandler
-from .workers import WorkerPool
 
 
 def _ray() -> Any:

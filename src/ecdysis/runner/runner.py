@@ -23,11 +23,11 @@ from ..envs.base import Environment, Score, Task
 from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, GenerationParams, Message, ModelError
 from ..models.cache import MeteredModel
+from ..sandbox.confine import bwrap_path
+from ..sandbox.host import SandboxLimits
 from ..store.db import RunStore
-from .confine import bwrap_path
 from .executors import Episode, Executor, LocalExecutor
 from .progress import EvalProgress
-from .sandbox import SandboxLimits
 from .user_sim import UserSimulator
 
 

@@ -1,18 +1,9 @@
-"""OS confinement of sandbox workers with bubblewrap (`bwrap`, Debian package `bubblewrap`).
+"""Bubblewrap confinement of sandbox workers and tools, and pids cgroups (the threat model: `ecdysis.sandbox`).
 
-Threat model: harness code is written by a model and may be hostile. Inside the sandbox it sees
-only a private size-limited tmpfs as its working directory, the Python runtime and the installed
-packages (read-only), and the environment plugin's folder (read-only); not the task data, the run
-store, other runs, the user's home or any host process (new PID namespace with its own /proc). It
-has no network (new network namespace: loopback only), runs as an unprivileged uid in a new user
-namespace with no capabilities, dies with its parent, and is bounded by rlimits (memory, CPU,
-file size, processes) and the host's wall-clock timeout. Model calls and results go through the
-host over the worker's stdin/stdout. Paths an environment marks as hidden (e.g. τ²'s task files
-with their gold actions) are masked with empty files.
-
-Where bwrap is missing or cannot create namespaces, `confine_argv` returns None and the worker
-falls back to the strongest in-process measures (network namespace if root, rlimits, audit hook);
-the trajectory's `isolation` records which took effect and the runner warns once per run.
+`confine_argv` wraps a worker (or zygote) command: namespaces, read-only binds of the runtime and of the
+paths given, hidden paths masked with an empty file, a private tmpfs home and /tmp, a cleared environment.
+`confine_tool_argv` does the same for the external implementer, with one writable folder. Both return None
+where bwrap is missing or cannot create namespaces (the worker then falls back to in-process measures).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Host side of the fork server: a confined zygote per harness and sandbox shape forks one worker per episode.
 
 Starting a worker interpreter and importing the agent loop costs ~160 ms of CPU per episode; a fork of a
-pre-imported zygote costs a few milliseconds. The zygote (`runner/zygote.py`) runs under the same
+pre-imported zygote costs a few milliseconds. The zygote (`sandbox/zygote.py`) runs under the same
 bubblewrap confinement a worker gets and never runs harness code; each episode it forks gets namespaces
-of its own (`runner/nested.py`: private tmpfs mounts, PID, network, IPC) and the worker's rlimits and
+of its own (`sandbox/nested.py`: private tmpfs mounts, PID, network, IPC) and the worker's rlimits and
 audit hook. Nothing an episode does is visible to another episode, to the zygote or to the host.
 
 Processes are bounded by one pids cgroup per zygote, entered when it starts. A zygote serves one harness
@@ -94,7 +94,7 @@ class Forked:
 
 @dataclass
 class ForkedWorker:
-    """One forked episode as the sandbox host drives it (the `Worker` protocol of `runner/workers.py`)."""
+    """One forked episode as the sandbox host drives it (the `Worker` protocol of `sandbox/workers.py`)."""
 
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -158,7 +158,7 @@ class ForkServer:
         """Start and wait for the zygote (blocking: call it off the event loop); it and every episode it
         forks may hold `max_tasks` processes and threads in all. None where per-episode namespaces are
         unavailable (no bubblewrap, no nested user namespaces)."""
-        command = [sys.executable, "-m", "ecdysis.runner.zygote", *([env_name, *read_only] if env_name else [])]
+        command = [sys.executable, "-m", "ecdysis.sandbox.zygote", *([env_name, *read_only] if env_name else [])]
         argv = confine_argv(command, env, src_root, read_only, hidden)
         if argv is None or not hasattr(os, "pidfd_open"):
             return None

@@ -1,6 +1,6 @@
 """Sandbox worker: runs one episode of possibly model-written harness code.
 
-Started by the host as `python -m ecdysis.runner.worker` in a private temporary directory with a
+Started by the host as `python -m ecdysis.sandbox.worker` in a private temporary directory with a
 secret-free environment. Protocol: JSON lines; the host sends one request, the worker answers
 with `chat` calls (the host holds models, keys, cache) and finally one `done` message carrying the
 trajectory. Before harness code runs, the worker enters a fresh network namespace where the OS

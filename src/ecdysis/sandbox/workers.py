@@ -139,7 +139,7 @@ async def start_worker(read_only: list[str] | None = None, hidden: list[str] | N
     """A fresh worker process in its own session (so the whole group can be killed), confined by
     bubblewrap where available, in a pids-limited cgroup where one can be made."""
     workdir = tempfile.mkdtemp(prefix="ecdysis-sbx-")
-    command = [sys.executable, "-m", "ecdysis.runner.worker"]
+    command = [sys.executable, "-m", "ecdysis.sandbox.worker"]
     env = worker_env(workdir)
     confined = confine_argv(command, env, SRC_ROOT, read_only or [], hidden or [])
     cgroup = pids_cgroup()

@@ -1,6 +1,6 @@
 """Sandbox-side fork server: one pre-imported interpreter that forks a fresh worker per episode.
 
-Started by the host as `python -m ecdysis.runner.zygote [ENV [PLUGIN_PATH...]]` under the same bubblewrap
+Started by the host as `python -m ecdysis.sandbox.zygote [ENV [PLUGIN_PATH...]]` under the same bubblewrap
 confinement as a worker, with a SOCK_SEQPACKET control socket as stdin. It imports the agent loop and the
 environment's module once (and calls the module's `preload_sandbox()` if it has one: the imports its
 episodes need), and never runs harness code itself. The first message it sends is
@@ -29,7 +29,7 @@ from . import nested
 from .worker import yield_cpu
 
 PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
-           "ecdysis.runner.worker")
+           "ecdysis.sandbox.worker")
 
 
 def _in_fresh_namespaces(body: Callable[[], int]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
 from ..harness.manifest import HarnessError, HarnessVersion, version_from_files
-from ..runner.sandbox import SandboxLimits, replay_in_sandbox
+from ..sandbox.host import SandboxLimits, replay_in_sandbox
 
 INTERFACE = {"action": ("realize", 2), "regulate": ("regulate", 1), "loop": ("run", 1)}
 SHINGLE = 8

@@ -28,8 +28,8 @@ from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
-from ..runner.confine import confine_tool_argv
-from ..runner.sandbox import SandboxLimits
+from ..sandbox.confine import confine_tool_argv
+from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
 from .fdcr import render
 from .spec import Change, HarnessSpec

@@ -19,7 +19,7 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG, REPAIRS_FILE
-from ..runner.sandbox import SandboxLimits
+from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, replay_report
 from .failures import Pattern
 from .spec import Change, HarnessSpec
