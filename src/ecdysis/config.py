@@ -98,6 +98,24 @@ class RolesSection(BaseModel):
     spec_max_tokens: int = 900  # the Moderator's (or single analyst's) JSON spec
 
 
+class TrainBudget(BaseModel):
+    """`[train.budget]`: what every arm may spend on training (None: unlimited); an arm stops when spent."""
+
+    agent_executions: int | None = None  # training episodes actually run (cache-served ones are free)
+    optimizer_tokens: int | None = None  # the optimizer roles' fresh tokens
+    wall_s: float | None = None  # training wall time
+
+
+class TrainEngine(BaseModel):
+    """`[train.engine]`: switches of the training engine (see trainer/engine.py for what each does)."""
+
+    skip_debate_when_verified: bool = True  # one verified zero-loss lever covers every recurring pattern
+    early_stop: bool = True  # stop a validation once its rejection is certain (strict / tolerance rules)
+    eval_batch: int = 0  # tasks per validation batch when early stopping; 0: 4 x run.concurrency
+    screen_batch: int = 0  # > 0: candidates are screened on this many training tasks first (halving)
+    stop_after_rejections: int = 2  # round proposers stop after this many rejections in a row (0: never)
+
+
 class TrainSection(BaseModel):
     train_limit: int | None = 20
     test_limit: int | None = 40
@@ -119,6 +137,8 @@ class TrainSection(BaseModel):
     implementer_env: list[str] = Field(default_factory=list)  # host variables passed to it (e.g. its API key)
     max_evidence_per_pattern: int = 3
     serial_max_edits: int = 20  # the serial baseline's total edit attempts
+    budget: TrainBudget = Field(default_factory=TrainBudget)
+    engine: TrainEngine = Field(default_factory=TrainEngine)
 
 
 class Config(BaseModel):
