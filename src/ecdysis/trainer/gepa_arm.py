@@ -1,0 +1,288 @@
+"""The `gepa` arm: GEPA (the `gepa` package, optional extra `ecdysis[gepa]`) evolving the harness's text layers.
+
+GEPA drives its own loop (`gepa.optimize`); everything it touches is ours. Its adapter's `evaluate` runs the
+candidate harness through this run's `Runner` (same sandbox, response cache, accounting and store as every
+arm), its reflective dataset is built from our trajectories and their failure facts, and its reflection LM is
+the roles' model through our model layer (`MeteredModel`, accounted as role `reflector`). The components are
+the text layers: `contract` (H3) and `tips` (H5 always-on tips, one per line). Candidates pass the same static
+checks as every edit (no training ids, task text or gold answers) before any agent run. The budget is the
+shared `train.budget.agent_executions`: GEPA's `max_metric_calls`, and a stopper on the episodes actually run.
+GEPA's val set is our val split (the train split when there is none). Its best candidate is frozen and tested
+like every other arm; a curve point (`records.CurvePoint`) is stored after every GEPA iteration. A killed
+run resumes: GEPA reloads its state from `RUN_DIR/gepa/RUN_ID`, finished evaluations are read from the store.
+
+`gepa.optimize` is synchronous and our runner is async: it runs in a worker thread and every runner, model and
+store call is submitted to the event loop (`LoopBridge`), so the store and the models are only used there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..agent.trajectory import INFRA_ERROR
+from ..config import Config
+from ..harness.manifest import HarnessVersion
+from ..models.base import ChatRequest, ChatResponse, GenerationParams
+from ..models.cache import MeteredModel
+from ..workspace import Workspace
+from . import records
+from .api import run_id_for
+from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, cached, in_thread, text_components
+from .records import CurvePoint
+
+ROLE = "reflector"
+STALL_ITERATIONS = 5  # stop after this many GEPA iterations in a row that ran no agent episode
+
+def gepa_package() -> Any:
+    """The `gepa` package, imported on first use (optional extra)."""
+    try:
+        import gepa
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise RuntimeError("the gepa arm needs the `gepa` package: pip install 'ecdysis[gepa]'") from exc
+    return gepa
+
+
+def execution_budget(config: Config) -> int | None:
+    """The shared agent-execution budget (`train.budget.agent_executions`), None when not configured."""
+    budget = getattr(config.train, "budget", None)
+    return getattr(budget, "agent_executions", None) if budget is not None else None
+
+
+@dataclass
+class BudgetStopper:
+    """Stops GEPA when the shared budget of episodes actually run is spent, when it stalls (iterations
+    that run nothing), or when the loop side is gone. `reason` says which."""
+
+    adapter: RunnerAdapter
+    budget: int
+    spent_before: int
+    reason: str = ""
+    _last: int = -1
+    _stalled: int = 0
+
+    def spent(self) -> int:
+        return self.spent_before + self.adapter.fresh
+
+    def __call__(self, state: Any) -> bool:
+        if self.adapter.bridge.closed.is_set():
+            self.reason = "stopped"
+        elif self.spent() >= self.budget:
+            self.reason = f"budget spent ({self.spent()} of {self.budget} agent executions)"
+        else:
+            self._stalled = self._stalled + 1 if self.adapter.fresh == self._last else 0
+            self._last = self.adapter.fresh
+            if self._stalled >= STALL_ITERATIONS:
+                self.reason = f"{STALL_ITERATIONS} iterations in a row ran no agent episode"
+        return bool(self.reason)
+
+
+@dataclass
+class CurveRecorder:
+    """GEPA callbacks: a CurvePoint after the seed's val evaluation and after every iteration (the current
+    harness is GEPA's best candidate on val so far). Writes go through the loop (the store lives there)."""
+
+    adapter: RunnerAdapter
+    run: GepaRun
+    val_scores: dict[int, float] = field(default_factory=dict)
+
+    def on_candidate_selected(self, event: dict[str, Any]) -> None:
+        self.adapter.parent_id = self.adapter.harness_id(event["candidate"])
+
+    def on_valset_evaluated(self, event: dict[str, Any]) -> None:
+        self.val_scores[event["candidate_idx"]] = event["average_score"]
+        if event["iteration"] == 0:
+            self.adapter.bridge.call(lambda: self.run.point(0, self.adapter.harness_id(event["candidate"]),
+                                                            event["average_score"], False, only_new=True))
+
+    def on_iteration_end(self, event: dict[str, Any]) -> None:
+        state = event["state"]
+        scores = list(state.program_full_scores_val_set)
+        best = max(range(len(scores)), key=lambda i: scores[i])
+        harness = self.adapter.harness_id(state.program_candidates[best])
+        self.adapter.bridge.call(lambda: self.run.point(event["iteration"], harness, scores[best],
+                                                        bool(event["proposal_accepted"])))
+
+
+@dataclass
+class GepaResult:
+    """What the gepa arm reports (the same cost fields as a trainer arm's TrainResult)."""
+
+    run_id: str
+    seed_harness_id: str
+    final_harness_id: str
+    frozen_dir: Path
+    stop_reason: str
+    budget: int
+    candidates: int
+    accepted: int  # GEPA iterations whose proposal entered the candidate pool
+    rejected: int  # iterations whose proposal did not (or that proposed nothing)
+    refused: int  # candidates the static checks refused (never run)
+    val_before: float | None
+    val_after: float | None
+    test_before: dict[str, Any] | None
+    test_after: dict[str, Any] | None
+    wall_s: float
+    agent_executions: int
+    cached_executions: int
+    optimizer_calls: int
+    optimizer_tokens: int
+    agent_tokens: int  # fresh agent tokens of the training evaluations (test passes excluded)
+    curve: list[CurvePoint] = field(default_factory=list)
+    train_after: float | None = None  # GEPA never evaluates a candidate on the whole train split
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()} | {
+            "curve": [p.model_dump(mode="json") for p in self.curve], "arm": ARM}
+
+
+def training_spend(ws: Workspace, run_id: str) -> tuple[int, int, int]:
+    """(episodes actually run, cache-served episodes, fresh agent tokens) over a run's non-test evaluations."""
+    fresh = served = tokens = 0
+    for ev in ws.store.evaluations(run_id):
+        if ev["split"] == "test" or (ev["label"] or "").startswith("test"):
+            continue
+        for t in ws.store.trajectories(ev["id"]):
+            if t.termination == INFRA_ERROR:
+                continue
+            served += cached(t)
+            fresh += not cached(t)
+            tokens += sum(int((e.get("usage") or {}).get("prompt_tokens", 0))
+                          + int((e.get("usage") or {}).get("completion_tokens", 0))
+                          for e in t.of_kind("model") if not e.get("cache_hit"))
+    return fresh, served, tokens
+
+
+def optimizer_spend(ws: Workspace, run_id: str) -> tuple[int, int]:
+    """(calls, fresh tokens) of the run's optimizer roles (everything but the agent and the simulated user)."""
+    rows = [r for r in ws.store.call_totals(run_id) if r["role"] not in ("agent", "user")]
+    return (sum(r["calls"] for r in rows),
+            sum((r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0) for r in rows))
+
+
+class GepaRun:
+    """One gepa-arm run: its store rows, timing and curve (`train_gepa` drives it)."""
+
+    def __init__(self, ws: Workspace, config: Config, run_id: str, val_is_train: bool) -> None:
+        self.ws, self.config, self.run_id, self.val_is_train = ws, config, run_id, val_is_train
+        self.wall_before = float(ws.store.get_record(run_id, "timing", "gepa/optimize") or 0.0)
+        self.start = time.perf_counter()
+        self.executions_before, self.cached_before, _ = training_spend(ws, run_id)
+        self.adapter: RunnerAdapter | None = None
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.start
+
+    def point(self, step: int, harness_id: str, val: float, accepted: bool, only_new: bool = False) -> None:
+        key = f"{step:04d}"
+        if only_new and records.load(self.ws.store, self.run_id, CurvePoint, key) is not None:
+            return
+        a = self.adapter
+        calls, tokens = optimizer_spend(self.ws, self.run_id)
+        records.put(self.ws.store, self.run_id, key, CurvePoint(
+            arm=ARM, step=step, harness_id=harness_id, val_score=None if self.val_is_train else val,
+            train_score=val if self.val_is_train else None, wall_s=self.wall(),
+            agent_executions=self.executions_before + (a.fresh if a else 0),
+            cached_executions=self.cached_before + (a.cached if a else 0),
+            optimizer_calls=calls, optimizer_tokens=tokens, accepted=accepted))
+        self.ws.store.put_record(self.run_id, "timing", "gepa/optimize", self.wall())
+
+    def reflection_model(self, bridge: LoopBridge) -> ReflectionModel:
+        cfg = self.config
+        shared = self.ws.model(cfg.role_model("moderator"), role=ROLE, cache_scope=cfg.cache.training_scope)
+
+        def record(role: str, request: ChatRequest, response: ChatResponse) -> None:
+            self.ws.store.record_call(self.run_id, None, role, response.model_id, response.usage.prompt_tokens,
+                                      response.usage.completion_tokens, response.latency_s, response.cost_usd,
+                                      response.cache_hit, response.usage.cached_tokens)
+
+        model = MeteredModel(shared.model, cache=shared.cache, role=ROLE, scope=shared.scope,
+                             listeners=[*shared.listeners, record])
+        return ReflectionModel(bridge, model, GenerationParams(temperature=cfg.roles.temperature,
+                                                               max_tokens=cfg.roles.spec_max_tokens))
+
+
+@dataclass
+class FileLogger:
+    """GEPA's log into its run folder only (its own Logger swaps sys.stdout for the whole process)."""
+
+    path: Path
+
+    def log(self, message: str) -> None:
+        with self.path.open("a") as f:
+            f.write(message.rstrip("\n") + "\n")
+
+
+def tips_template() -> str:
+    return (resources.files("ecdysis.prompts") / "gepa_tips.md").read_text()
+
+
+async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
+    """Optimize the configured harness's text layers with GEPA under the shared budget; freeze and test the
+    best candidate. Resumes a killed run of the same config."""
+    gepa = gepa_package()
+    from gepa.strategies.instruction_proposal import InstructionProposalSignature
+
+    cfg, store = config, ws.store
+    seed = ws.harness()
+    run_id = store.start_run("train", cfg.model_dump(mode="json") | {"arm": ARM}, run_id=run_id_for(cfg, ARM))
+    store.save_version(seed, note="seed")
+    train_tasks = ws.tasks("train", cfg.train.train_limit)
+    val_tasks = ws.tasks("val", cfg.train.val_limit)
+    if not val_tasks:
+        store.put_record(run_id, "note", "gepa-val", "no val split: GEPA tracks its candidates on the train split")
+    run = GepaRun(ws, cfg, run_id, val_is_train=not val_tasks)
+    budget = execution_budget(cfg) or cfg.train.rounds * (len(train_tasks) + len(val_tasks or train_tasks))
+    bridge = LoopBridge(asyncio.get_running_loop())
+    runner = ws.runner(run_id, cache_scope=cfg.cache.training_scope)
+    adapter = RunnerAdapter(bridge, runner, seed, train_tasks, {t.id for t in val_tasks}, cfg.train.train_trials)
+    run.adapter = adapter
+    stopper = BudgetStopper(adapter, budget, run.executions_before)
+    components = text_components(seed)
+    if not components:
+        raise ValueError(f"the harness {seed.id} has no text layer (contract or skills) for GEPA to evolve")
+    templates = {"contract": InstructionProposalSignature.default_prompt_template, "tips": tips_template()}
+    gepa_dir = cfg.run.run_dir / "gepa" / run_id
+    gepa_dir.mkdir(parents=True, exist_ok=True)
+
+    def optimize() -> Any:
+        return gepa.optimize(
+            seed_candidate=components, trainset=train_tasks, valset=val_tasks or None, adapter=adapter,
+            reflection_lm=run.reflection_model(bridge), candidate_selection_strategy="pareto",
+            reflection_prompt_template={k: v for k, v in templates.items() if k in components},
+            max_metric_calls=budget, stop_callbacks=[stopper], callbacks=[CurveRecorder(adapter, run)],
+            run_dir=str(gepa_dir), logger=FileLogger(gepa_dir / "run_log.txt"), seed=cfg.run.seed,
+            raise_on_exception=False, track_best_outputs=False,
+            display_progress_bar=False)
+
+    result = await in_thread(optimize, bridge)
+    store.put_record(run_id, "timing", "gepa/optimize", run.wall())
+    final = store.load_version(adapter.harness_id(result.candidates[result.best_idx]))
+    frozen = final.write(cfg.run.run_dir / "frozen" / final.id)
+    test_runner = ws.runner(run_id)
+    test_tasks = ws.tasks("test", cfg.train.test_limit)  # loaded only now: GEPA never saw the test split
+
+    async def test(version: HarnessVersion) -> dict[str, Any]:
+        return (await test_runner.evaluate(version, test_tasks, cfg.eval.trials, "test", "test")).to_dict()
+
+    test_before, test_after = await test(seed), await test(final)
+    executions, served, agent_tokens = training_spend(ws, run_id)
+    calls, tokens = optimizer_spend(ws, run_id)
+    scores = result.val_aggregate_scores
+    curve = sorted((p for _, p in records.load_all(store, run_id, CurvePoint)), key=lambda p: p.step)
+    out = GepaResult(
+        run_id=run_id, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
+        stop_reason=stopper.reason or "GEPA's metric-call budget spent", budget=budget,
+        candidates=len(result.candidates), accepted=sum(p.accepted for p in curve),
+        rejected=sum(not p.accepted for p in curve if p.step > 0), refused=adapter.rejected,
+        val_before=scores[0] if val_tasks else None, val_after=scores[result.best_idx] if val_tasks else None,
+        test_before=test_before, test_after=test_after,
+        wall_s=float(store.get_record(run_id, "timing", "gepa/optimize") or 0.0),
+        agent_executions=executions, cached_executions=served, optimizer_calls=calls, optimizer_tokens=tokens,
+        agent_tokens=agent_tokens, curve=curve)
+    store.finish_run(run_id, out.to_dict())
+    return out
