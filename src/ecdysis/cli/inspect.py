@@ -1,23 +1,34 @@
-"""Commands that read a run directory: `runs list`, `show`, `report`, `diff`. They never write to the store."""
+"""Commands that read a run directory: `runs list`, `show`, `report`, `diff`. They never write to the store.
+
+Each takes the run directory as `--run-dir`, or from a config (`-c`), else runs/default; a run id (or unique
+prefix) is optional: the latest run (for `report` and `diff`, the latest training run) by default."""
 
 from __future__ import annotations
 
 import webbrowser
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from ..report.data import load_run
 from . import views
-from .common import JsonOpt, RunDirOpt, console, fail, open_store
+from .common import ConfigOpt, JsonOpt, RunDirOpt, config_run_dir, console, fail, latest_run, open_store
 
-DEFAULT_RUN_DIR = Path("runs/default")
+RunArg = Annotated[str | None, typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
+TrainRunArg = Annotated[str | None, typer.Argument(help="Training run id or a unique prefix "
+                                                        "(default: the latest training run).")]
 
 
-def runs_list(run_dir: RunDirOpt = DEFAULT_RUN_DIR, as_json: JsonOpt = False) -> None:
+def _locate(config: Path | None, run_dir: Path | None, run: str | None, kind: str | None) -> tuple[Any, Path, str]:
+    """The store, its folder and the run id a reading command works on."""
+    where = config_run_dir(config, run_dir)
+    store = open_store(where)
+    return store, where, run or latest_run(store, kind)
+
+
+def runs_list(run_dir: RunDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """Runs stored in a run directory."""
-    store = open_store(run_dir)
+    store = open_store(config_run_dir(config, run_dir))
     if as_json:
         views.print_json([{k: v for k, v in run.items() if k != "config"} | {"evaluations": len(
             store.evaluations(run["id"]))} for run in store.runs()])
@@ -26,12 +37,13 @@ def runs_list(run_dir: RunDirOpt = DEFAULT_RUN_DIR, as_json: JsonOpt = False) ->
 
 
 def show(
-    run: Annotated[str, typer.Argument(help="Run id (or a unique prefix).")],
-    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    run: RunArg = None,
+    run_dir: RunDirOpt = None,
+    config: ConfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One run: its summary and rounds (training runs), evaluations, model calls by role."""
-    store = open_store(run_dir)
+    store, run_dir, run = _locate(config, run_dir, run, None)
     record = store.run(run)
     if record is None:
         fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
@@ -43,21 +55,24 @@ def show(
     if record["kind"] != "train":
         views.run_detail(console, store, record)
         return
+    from ..report.data import load_run
+
     view = load_run(store, record["id"])
     views.training_overview(console, view)
     views.run_detail(console, store, record, [row.to_dict() for row in view.evaluations])
 
 
 def report(
-    run: Annotated[str, typer.Argument(help="Training run id (or a unique prefix).")],
+    run: TrainRunArg = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
-    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    run_dir: RunDirOpt = None,
+    config: ConfigOpt = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
 ) -> None:
     """Write a self-contained HTML report of a training run (plots, rounds, diffs, lineage, trajectories)."""
     from ..report.html import write_report
 
-    store = open_store(run_dir)
+    store, run_dir, run = _locate(config, run_dir, run, "train")
     try:
         path = write_report(store, run, output)
     except (KeyError, ValueError) as exc:
@@ -69,17 +84,19 @@ def report(
 
 
 def diff(
-    run: Annotated[str, typer.Argument(help="Training run id (or a unique prefix).")],
+    run: TrainRunArg = None,
     old: Annotated[str, typer.Argument(help="Harness version id or prefix, or 'seed'.")] = "seed",
     new: Annotated[str, typer.Argument(help="Harness version id or prefix, or 'final'.")] = "final",
-    run_dir: RunDirOpt = DEFAULT_RUN_DIR,
+    run_dir: RunDirOpt = None,
+    config: ConfigOpt = None,
 ) -> None:
-    """The harness diff between two versions of a run (default: seed -> final)."""
+    """The harness diff between two versions of a run (default: the latest training run, seed -> final)."""
     from rich.syntax import Syntax
 
     from ..harness.manifest import diff_versions
+    from ..report.data import load_run
 
-    store = open_store(run_dir)
+    store, run_dir, run = _locate(config, run_dir, run, "train")
     try:
         view = load_run(store, run)
         names = {"seed": view.summary.get("seed_harness_id") or (view.lineage[0].id if view.lineage else ""),

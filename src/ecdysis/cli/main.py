@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import shutil
+import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ..config import EXECUTION_ONLY, Config, ConfigError, load_config
+from ..config import Config, ConfigError, identity_json, load_config
 from ..envs import DataNotFoundError, TaskFileError, UnknownEnvironmentError
 from ..harness.manifest import HarnessError
 from ..models import (
@@ -25,8 +28,8 @@ from ..models import (
     local_models,
 )
 from ..store.db import RunDirBusy
-from . import inspect, views
-from .common import ExecutorOpt, JsonOpt, RayAddressOpt, console, fail
+from . import doctor, inspect, views
+from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -38,11 +41,17 @@ runs_app.command("list")(inspect.runs_list)
 app.command()(inspect.show)
 app.command()(inspect.report)
 app.command()(inspect.diff)
+app.command("doctor")(doctor.doctor)
 USER_ERRORS = (RunDirBusy, ConfigError, HarnessError, TaskFileError, DataNotFoundError, UnknownEnvironmentError,
                ModelConfigError, ModelError, FileNotFoundError, ValueError)
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="TOML config file.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Override: section.key=value.")]
+
+
+@app.callback()
+def root(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback of an internal error "
+                                                               "(anywhere on the command line).")] = False) -> None:
+    """Ecdysis: train the runtime harness of an LLM agent."""
 
 
 def build_config(config: Path | None, sets: list[str] | None, **flags: object) -> Config:
@@ -182,7 +191,7 @@ def eval_cmd(
     harness: Annotated[Path | None, typer.Option(help="Harness directory (default: built-in seed).")] = None,
     user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
     model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
-    split: Annotated[str | None, typer.Option(help="train | val | test")] = None,
+    split: Annotated[str | None, typer.Option(help="train | val | test (default val; test only when asked)")] = None,
     limit: Annotated[int | None, typer.Option(help="Number of tasks (seeded choice).")] = None,
     trials: Annotated[int | None, typer.Option(help="Trials per task.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
@@ -197,7 +206,7 @@ def eval_cmd(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
-    from ..workspace import Workspace
+    from .runs import AnnouncingWorkspace
 
     try:
         cfg = build_config(config, sets, **{
@@ -208,14 +217,13 @@ def eval_cmd(
             "run.concurrency": concurrency, "sandbox.timeout_s": timeout, "user.model": user_model,
             "run.progress": False if as_json else None,
         })
-        ws = Workspace.open(cfg)
+        ws = AnnouncingWorkspace.open(cfg)
         version = ws.harness()
         tasks = ws.tasks(cfg.eval.split, cfg.eval.limit)
         if not tasks:
             fail(f"no tasks in split {cfg.eval.split!r}")
         ws.model(cfg.agent.model)  # a bad model reference fails before anything is written
-        key = hashlib.sha256(cfg.model_dump_json(exclude={"run": set(EXECUTION_ONLY)}).encode()
-                             + version.id.encode()).hexdigest()[:10]
+        key = hashlib.sha256(identity_json(cfg).encode() + version.id.encode()).hexdigest()[:10]
         run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
         runner = ws.runner(run_id)
         summary = asyncio.run(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
@@ -245,9 +253,12 @@ def train(
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
     executor: ExecutorOpt = None,
     ray_address: RayAddressOpt = None,
+    report: Annotated[bool, typer.Option(help="Write RUN_DIR/report-RUN.html at the end.")] = True,
 ) -> None:
-    """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable."""
-    from ..trainer import train as run_training
+    """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable.
+    Ends with the result, what changed, the harness diff and the path of the HTML report."""
+    from ..trainer.api import train_async
+    from .runs import AnnouncingWorkspace, finish_train
 
     roles = {f"roles.{r}": roles_model for r in ("analyst", "critic", "engineer", "moderator", "implementer")}
     try:
@@ -256,16 +267,20 @@ def train(
             "run.run_dir": run_dir, "env.data_dir": data_dir, "user.model": user_model, **roles,
             "run.executor": executor, "run.ray_address": ray_address,
         })
-        result = run_training(cfg, arm=arm, console=console)
+        ws = AnnouncingWorkspace.open(cfg)
+        result = asyncio.run(train_async(cfg, arm=arm, console=console, ws=ws))
     except USER_ERRORS as exc:
         fail(str(exc))
         return
     views.train_summary(console, result)
+    finish_train(console, ws.store, result.run_id, report=report)
+    ws.close()
 
 
 @app.command()
 def compare(
-    config: Annotated[Path, typer.Argument(help="TOML config (see benchmarks/*.toml).")],
+    config_arg: Annotated[Path | None, typer.Argument(metavar="[CONFIG]", help="TOML config (same as -c).")] = None,
+    config: ConfigOpt = None,
     sets: SetOpt = None,
     arms: Annotated[str, typer.Option(help="Comma-separated: direct,fixed,serial,aggregate,ecdysis,best-of-k")] = (
         "fixed,serial,ecdysis"),
@@ -278,13 +293,19 @@ def compare(
     """Run several arms on the same tasks, models and cache; print and save the comparison table."""
     from ..trainer.compare import compare as run_compare
     from ..trainer.compare import write_results
+    from .runs import AnnouncingWorkspace
 
+    if config and config_arg and config.resolve() != config_arg.resolve():
+        fail(f"two configs given ({config_arg} and -c {config}); pass one")
+    config = config or config_arg
+    if config is None:
+        fail("compare needs a config: ecdysis compare -c CONFIG (see benchmarks/*.toml)")
     try:
         cfg = build_config(config, sets, **{"env.data_dir": data_dir, "run.executor": executor,
                                             "run.ray_address": ray_address})
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
-                                          transfer_model))
+                                          transfer_model, open_workspace=AnnouncingWorkspace.open))
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -300,5 +321,22 @@ def compare(
                       "so their training wall times are flattered; compare agent executions instead.[/]")
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    """The `ecdysis` entry point. A user error exits 2 with its message; an internal error exits 1 with a
+    one-line message, or its traceback when `--debug` is anywhere before `--` (or ECDYSIS_DEBUG=1)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    end = args.index("--") if "--" in args else len(args)
+    debug = "--debug" in args[:end] or os.environ.get("ECDYSIS_DEBUG", "") not in ("", "0")
+    args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
+    try:
+        app(args=args, prog_name="ecdysis")
+    except KeyboardInterrupt:
+        err_console.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: a short message, or the traceback
+        if debug:
+            traceback.print_exc()
+        hint = "" if debug else " (run again with --debug for the traceback)"
+        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}{hint}", highlight=False,
+                          markup=True)
+        sys.exit(1)
