@@ -95,8 +95,8 @@ async def test_gepa_runs_end_to_end_through_our_runner(tmp_path: Path) -> None:
 
 async def test_shared_budget_stops_gepa_and_a_rerun_resumes(tmp_path: Path) -> None:
     reflector = Reflector()
-    ws = gepa_ws(tmp_path, reflector, "train.rounds=1")  # rounds x (train + val) = 10: the seed's val (4) and
-    # one iteration (parent and child on a minibatch of 3) ...
+    ws = gepa_ws(tmp_path, reflector, "train.budget.agent_executions=10")  # the seed's val (4) and one
+    # iteration (parent and child on a minibatch of 3) ...
     result = await train_gepa(ws.config, ws)
     assert result.budget == 10 and result.stop_reason.startswith("budget spent")
     assert result.agent_executions == 14  # ... which ends with the accepted child's val evaluation (4)

@@ -238,9 +238,12 @@ class ReflectionModel:
     bridge: LoopBridge
     model: MeteredModel
     params: GenerationParams
+    tokens: int = 0  # fresh (non-cache-hit) tokens of this process's calls
 
     def __call__(self, prompt: str | list[dict[str, Any]]) -> str:
         messages = ([Message(role="user", content=prompt)] if isinstance(prompt, str)
                     else [Message(role=m["role"], content=str(m["content"])) for m in prompt])
         response = self.bridge.run(self.model.chat(ChatRequest(messages=messages, params=self.params)))
+        if not response.cache_hit:
+            self.tokens += response.usage.total_tokens
         return response.text

@@ -47,35 +47,44 @@ def gepa_package() -> Any:
     return gepa
 
 
-def execution_budget(config: Config) -> int | None:
-    """The shared agent-execution budget (`train.budget.agent_executions`), None when not configured."""
-    budget = getattr(config.train, "budget", None)
-    return getattr(budget, "agent_executions", None) if budget is not None else None
+def execution_budget(config: Config, train: int, val: int) -> int:
+    """The shared agent-execution budget (`train.budget.agent_executions`); unset, `train.rounds` passes over
+    the train and val tasks (about what R rounds of the round-based arms cost)."""
+    return config.train.budget.agent_executions or config.train.rounds * (train + val)
 
 
 @dataclass
 class BudgetStopper:
-    """Stops GEPA when the shared budget of episodes actually run is spent, when it stalls (iterations
-    that run nothing), or when the loop side is gone. `reason` says which."""
+    """Stops GEPA (checked between its iterations) when a shared budget is spent — episodes actually run
+    (`train.budget.agent_executions`), optimizer tokens, training wall time — when it stalls (iterations
+    that run no episode), or when the loop side is gone. `reason` says which."""
 
-    adapter: RunnerAdapter
+    run: GepaRun
+    reflection: ReflectionModel
     budget: int
-    spent_before: int
     reason: str = ""
     _last: int = -1
     _stalled: int = 0
 
     def spent(self) -> int:
-        return self.spent_before + self.adapter.fresh
+        assert self.run.adapter is not None
+        return self.run.executions_before + self.run.adapter.fresh
 
     def __call__(self, state: Any) -> bool:
-        if self.adapter.bridge.closed.is_set():
+        adapter, limits = self.run.adapter, self.run.config.train.budget
+        assert adapter is not None
+        tokens = self.run.tokens_before + self.reflection.tokens
+        if adapter.bridge.closed.is_set():
             self.reason = "stopped"
         elif self.spent() >= self.budget:
             self.reason = f"budget spent ({self.spent()} of {self.budget} agent executions)"
+        elif limits.optimizer_tokens is not None and tokens >= limits.optimizer_tokens:
+            self.reason = f"budget spent ({tokens} of {limits.optimizer_tokens} optimizer tokens)"
+        elif limits.wall_s is not None and self.run.wall() >= limits.wall_s:
+            self.reason = f"budget spent ({self.run.wall():.0f} of {limits.wall_s:.0f} s of training)"
         else:
-            self._stalled = self._stalled + 1 if self.adapter.fresh == self._last else 0
-            self._last = self.adapter.fresh
+            self._stalled = self._stalled + 1 if adapter.fresh == self._last else 0
+            self._last = adapter.fresh
             if self._stalled >= STALL_ITERATIONS:
                 self.reason = f"{STALL_ITERATIONS} iterations in a row ran no agent episode"
         return bool(self.reason)
@@ -172,6 +181,7 @@ class GepaRun:
         self.wall_before = float(ws.store.get_record(run_id, "timing", "gepa/optimize") or 0.0)
         self.start = time.perf_counter()
         self.executions_before, self.cached_before, _ = training_spend(ws, run_id)
+        self.tokens_before = optimizer_spend(ws, run_id)[1]
         self.adapter: RunnerAdapter | None = None
 
     def wall(self) -> float:
@@ -236,12 +246,13 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
     if not val_tasks:
         store.put_record(run_id, "note", "gepa-val", "no val split: GEPA tracks its candidates on the train split")
     run = GepaRun(ws, cfg, run_id, val_is_train=not val_tasks)
-    budget = execution_budget(cfg) or cfg.train.rounds * (len(train_tasks) + len(val_tasks or train_tasks))
+    budget = execution_budget(cfg, len(train_tasks), len(val_tasks or train_tasks))
     bridge = LoopBridge(asyncio.get_running_loop())
     runner = ws.runner(run_id, cache_scope=cfg.cache.training_scope)
     adapter = RunnerAdapter(bridge, runner, seed, train_tasks, {t.id for t in val_tasks}, cfg.train.train_trials)
     run.adapter = adapter
-    stopper = BudgetStopper(adapter, budget, run.executions_before)
+    reflection = run.reflection_model(bridge)
+    stopper = BudgetStopper(run, reflection, budget)
     components = text_components(seed)
     if not components:
         raise ValueError(f"the harness {seed.id} has no text layer (contract or skills) for GEPA to evolve")
@@ -252,7 +263,7 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
     def optimize() -> Any:
         return gepa.optimize(
             seed_candidate=components, trainset=train_tasks, valset=val_tasks or None, adapter=adapter,
-            reflection_lm=run.reflection_model(bridge), candidate_selection_strategy="pareto",
+            reflection_lm=reflection, candidate_selection_strategy="pareto",
             reflection_prompt_template={k: v for k, v in templates.items() if k in components},
             max_metric_calls=budget, stop_callbacks=[stopper], callbacks=[CurveRecorder(adapter, run)],
             run_dir=str(gepa_dir), logger=FileLogger(gepa_dir / "run_log.txt"), seed=cfg.run.seed,
