@@ -22,6 +22,7 @@ from ecdysis.envs import get_environment, seeded_order
 from ecdysis.harness.generic_seed import generic_seed
 from ecdysis.sandbox import confine
 from ecdysis.sandbox.host import SandboxLimits, run_in_sandbox
+from ecdysis.sandbox.view import SandboxView
 from ecdysis.sandbox.workers import WorkerPool
 
 MODES = ("forked (zygote)", "fresh bwrap", "in-process only")
@@ -48,7 +49,7 @@ async def main() -> None:
     env = get_environment(args.env)
     harness = generic_seed(args.env, env)
     task = seeded_order(env.tasks("test"), 0)[0]
-    hidden = list(getattr(env, "sandbox_hidden", ()))
+    view = SandboxView(hidden=tuple(getattr(env, "sandbox_hidden", ())))
     conversation = user if getattr(env, "conversational", False) else None
     exe = confine.bwrap_path()
     times: dict[str, list[float]] = {mode: [] for mode in MODES}
@@ -56,7 +57,7 @@ async def main() -> None:
     isolation: dict[str, str] = {}
     probe = confine.bwrap_path
     pool = WorkerPool()
-    await run_in_sandbox(harness, args.env, {}, task, 0, chat, SandboxLimits(), user=conversation, hidden=hidden,
+    await run_in_sandbox(harness, args.env, {}, task, 0, chat, SandboxLimits(), user=conversation, view=view,
                          pool=pool)  # the zygote starts
     for i in range(args.episodes * len(MODES)):
         mode = MODES[i % len(MODES)]
@@ -64,7 +65,7 @@ async def main() -> None:
         await asyncio.sleep(0.05)  # as between an evaluation's model calls: the next fork is made meanwhile
         start, busy = time.perf_counter(), busy_cpu_s()
         traj = await run_in_sandbox(harness, args.env, {}, task, 0, chat, SandboxLimits(), user=conversation,
-                                    hidden=hidden, pool=pool if mode == MODES[0] else None)
+                                    view=view, pool=pool if mode == MODES[0] else None)
         times[mode].append(time.perf_counter() - start)
         cpu[mode].append(busy_cpu_s() - busy)
         isolation[mode] = traj.isolation

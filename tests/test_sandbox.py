@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from helpers import seed_with
 
+import ecdysis
 from ecdysis.envs import get_environment, seeded_order
 from ecdysis.models import MeteredModel, ScriptedModel
 from ecdysis.runner import Runner
-from ecdysis.sandbox import SandboxLimits
+from ecdysis.sandbox import SandboxLimits, SandboxView
 from ecdysis.sandbox.forkserver import ForkServer
 from ecdysis.store import RunStore
 
@@ -185,7 +191,7 @@ async def test_each_harness_version_gets_its_own_zygote_and_idle_ones_are_retire
 async def test_a_zygote_prepared_ahead_is_claimed_by_the_first_harness_and_another_prepared(runner_parts) -> None:  # type: ignore[no-untyped-def]
     runner, tasks, store = runner_parts
     pool = runner.executor.pool
-    runner.executor.prepare([], [], "gsm8k")  # what the workspace does while the models load
+    runner.executor.prepare(SandboxView(), "gsm8k")  # what the workspace does while the models load
     (prepared,) = pool._unclaimed.values()
     summary = await runner.evaluate(seed_with("gsm8k"), tasks, label="claims")
     assert all("episode-ns" in t.isolation for t in store.trajectories(summary.eval_id))
@@ -226,3 +232,58 @@ async def test_an_environment_preloads_its_episode_imports_once_in_the_zygote(  
     else:
         assert [by for by, _ in seen] == ["none"] * 3
     runner.executor.close()
+
+
+FROM_COPY = r'''
+import asyncio, json, sys
+sys.path.insert(0, sys.argv[2])
+from helpers import seed_with
+import ecdysis
+from ecdysis.envs import get_environment, seeded_order
+from ecdysis.models import MeteredModel, ScriptedModel
+from ecdysis.runner import Runner
+from ecdysis.sandbox import SandboxLimits
+from ecdysis.store import RunStore
+
+PROBE = """import os, ecdysis
+from ecdysis.harness.api import answer
+def realize(reply, ctx):
+    return answer(ecdysis.__file__ + '|' + str(len(open(ecdysis.__file__).read())) + '|'
+                  + ','.join(sorted(os.listdir(os.path.dirname(ecdysis.__file__)))))
+"""
+
+async def main():
+    env = get_environment("gsm8k", data_dir=sys.argv[1])
+    store = RunStore(sys.argv[3])
+    runner = Runner(store=store, run_id=store.start_run("copy", {}), model=MeteredModel(ScriptedModel(["x"])),
+                    env=env, env_name="gsm8k", limits=SandboxLimits(timeout_s=30), concurrency=2, show_progress=False)
+    summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": PROBE}), seeded_order(env.tasks("test"), 0)[:2],
+                                    1, "test", "from-copy")
+    runner.executor.close()
+    print(json.dumps({"package": ecdysis.__file__, "episodes": [[t.isolation, t.termination, t.final_answer, t.traceback]
+                      for t in store.trajectories(summary.eval_id)]}))
+
+asyncio.run(main())
+'''
+
+
+def test_sandboxed_episodes_run_from_a_package_copy_under_tmp(tmp_path: Path, data_dir: Path) -> None:
+    """The package (and so the sandbox's source bind) in a folder under /tmp, where each forked episode mounts
+    a fresh tmpfs: the episode still sees the package's files (a plugin or checkout under /tmp works)."""
+    copy = Path(tempfile.mkdtemp(dir="/tmp", prefix="ecdysis-copy-"))
+    try:
+        shutil.copytree(Path(ecdysis.__file__).parent, copy / "src" / "ecdysis",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        env = {**os.environ, "PYTHONPATH": str(copy / "src")}
+        out = subprocess.run([sys.executable, "-c", FROM_COPY, str(data_dir), str(Path(__file__).parent),
+                              str(tmp_path / "run")], env=env, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-2000:]
+        report = json.loads(out.stdout.strip().splitlines()[-1])
+    finally:
+        shutil.rmtree(copy)
+    init = str(copy / "src" / "ecdysis" / "__init__.py")
+    assert report["package"] == init  # the copy, not this checkout
+    for isolation, termination, final_answer, traceback in report["episodes"]:
+        assert "episode-ns" in isolation and termination == "answered", traceback
+        path, size, listing = final_answer.split("|")
+        assert path == init and int(size) > 0 and "sandbox" in listing.split(",")

@@ -15,6 +15,7 @@ from .models import ChatModel, MeteredModel, ResponseCache, build_model, default
 from .runner import Runner
 from .runner.executors import Executor, make_executor
 from .sandbox import SandboxLimits
+from .sandbox.view import plugin_view
 from .store import RunStore, claim_run_dir
 
 
@@ -90,7 +91,10 @@ class Workspace:
         plugin = plugin_root(self.config.env.name, plugin_search(self.config))
         plugin_paths = [plugin] if plugin else []
         # the sandbox gets ready (a zygote imports the agent loop) while the models load
-        self.executor.prepare(plugin_paths, list(getattr(self.env, "sandbox_hidden", ())), self.config.env.name)
+        self.executor.prepare(plugin_view(self.config.env.name, plugin_paths,
+                                          [str(f) for f in getattr(self.env, "sandbox_files", ()) or ()],
+                                          [str(h) for h in getattr(self.env, "sandbox_hidden", ()) or ()]),
+                              self.config.env.name)
         return Runner(
             store=self.store, run_id=run_id,
             model=self.model(model_ref or self.config.agent.model, cache_scope=cache_scope),

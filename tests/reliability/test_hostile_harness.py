@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,3 +277,116 @@ seen = ctypes.pythonapi.system((shlex.quote(sys.executable) + ' -c ' + shlex.quo
     assert "episode-ns" in first.isolation
     after = await run("after-kill-all", attack("seen = 'still here'"))
     assert after.termination == "answered" and after.final_answer == "still here"
+
+
+# A plugin written like examples/helpdesk: its tasks (text and gold of every split) sit next to its module.
+# The harness reads every file it can find in the plugin's folder and under every sys.path entry (files older
+# than the test are skipped outside the plugin's folder: the installed packages cannot hold this test's tasks).
+PLUGIN = '''import json
+from pathlib import Path
+from ecdysis.envs.base import NoToolEpisode, Score, Task
+from {name}_helpers import normalise
+
+HERE = Path(__file__).resolve().parent
+
+
+class Leaky:
+    name, tool_names, sandbox_files = "{name}:environment", (), ()
+
+    def tasks(self, split):
+        rows = [json.loads(line) for line in (HERE / "tasks.jsonl").read_text().splitlines()]
+        return [Task(id=r["id"], split=split, prompt=r["prompt"], gold=r["gold"]) for r in rows if r["split"] == split]
+
+    def grade(self, task, answer, final_state):
+        return Score(float(normalise(answer) == task.gold), normalise(answer) == task.gold)
+
+
+def environment(data_dir=None, seed=0, **options):
+    env = Leaky()
+    env.sandbox_files = tuple(options.get("sandbox_files", ()))
+    return env
+
+
+def make_episode(public, options):
+    return NoToolEpisode()
+'''
+READ_EVERYTHING = '''import json, os, sys
+from ecdysis.harness.api import answer
+MARKS = (b"TASK" + b"TEXT-", b"GO" + b"LD-")
+
+def realize(reply, ctx):
+    import {name}
+    folder = os.path.dirname(os.path.abspath({name}.__file__))
+    hits, read = [], 0
+    for root in [folder, *sys.path]:
+        for dirpath, _, names in os.walk(root or "."):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    if not dirpath.startswith(folder) and os.stat(path).st_mtime < {since}:
+                        continue
+                    data = open(path, "rb").read()
+                except OSError:
+                    continue
+                read += 1
+                hits += [path] if any(m in data for m in MARKS) else []
+    return answer(json.dumps({{"listing": sorted(os.listdir(folder)), "hits": sorted(set(hits)), "read": read}}))
+'''
+
+
+def leaky_plugin(folder: Path) -> str:
+    """A plugin in `folder` with its tasks, a data folder and an unimported module beside it; its module name."""
+    name = f"leaky_env_{uuid.uuid4().hex[:8]}"
+    (folder / f"{name}.py").write_text(PLUGIN.format(name=name))
+    (folder / f"{name}_helpers.py").write_text("def normalise(text):\n    return (text or '').strip()\n")
+    (folder / f"{name}_unused.py").write_text("ANSWERS = {'t0': 'GOLD-unused-module'}\n")
+    rows = [{"id": f"t{i}", "split": split, "prompt": f"TASKTEXT-{i} say hi", "gold": f"GOLD-{split}-{i}"}
+            for i, split in enumerate(("train", "train", "val", "test"))]
+    (folder / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (folder / "data").mkdir()
+    (folder / "data" / "answers.json").write_text(json.dumps({r["id"]: r["gold"] for r in rows}))
+    (folder / "needed.txt").write_text("needed by episodes\n")
+    (folder / "control.txt").write_text("GOLD-control: declared on purpose\n")
+    return name
+
+
+async def read_everything(folder: Path, tmp_path: Path, **options: Any) -> tuple[Any, Any]:
+    """One forked episode of the plugin in `folder` whose harness reads everything; (trajectory, its report)."""
+    name = leaky_plugin(folder)
+    env = get_environment(f"{name}:environment", search=[folder], **options)
+    store = RunStore(tmp_path / f"run-{name}")
+    runner = Runner(store=store, run_id=store.start_run("leaky", {}), model=MeteredModel(ScriptedModel(["x"])),
+                    env=env, env_name=f"{name}:environment", plugin_paths=[str(folder)],
+                    limits=SandboxLimits(timeout_s=60, memory_mb=1024, cpu_s=40), concurrency=1, show_progress=False)
+    code = READ_EVERYTHING.format(name=name, since=time.time() - 5)
+    summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": code}), env.tasks("train")[:1], 1, "train",
+                                    "read-everything")
+    runner.executor.close()
+    (traj,) = store.trajectories(summary.eval_id)
+    assert "episode-ns" in traj.isolation and traj.termination == "answered", (traj.isolation, traj.traceback)
+    return traj, json.loads(traj.final_answer or "{}")
+
+
+@pytest.mark.parametrize("under", ["/var/tmp", "/tmp"])
+async def test_a_plugins_tasks_and_gold_next_to_its_module_stay_on_the_host(tmp_path: Path, under: str) -> None:
+    folder = Path(tempfile.mkdtemp(dir=under, prefix="ecdysis-plugin-"))
+    try:
+        traj, seen = await read_everything(folder, tmp_path)
+    finally:
+        shutil.rmtree(folder)
+    name = seen["listing"][0].removesuffix(".py")
+    assert seen["listing"] == [f"{name}.py", f"{name}_helpers.py"]  # its code and the module it imports only
+    assert seen["hits"] == [] and seen["read"] > 2, seen  # no task text, no gold of any split, anywhere
+    assert traj.final_answer is not None and "GOLD-" not in traj.final_answer
+
+
+@pytest.mark.parametrize("under", ["/var/tmp", "/tmp"])
+async def test_a_declared_sandbox_file_is_the_one_file_added(tmp_path: Path, under: str) -> None:
+    folder = Path(tempfile.mkdtemp(dir=under, prefix="ecdysis-plugin-"))
+    try:
+        _, seen = await read_everything(folder, tmp_path, sandbox_files=["control.txt"])
+    finally:
+        shutil.rmtree(folder)
+    name = seen["listing"][1].removesuffix(".py")
+    assert seen["listing"] == ["control.txt", f"{name}.py", f"{name}_helpers.py"]
+    assert seen["hits"] == [str(folder / "control.txt")]  # the probe finds gold where it is: there, and only there

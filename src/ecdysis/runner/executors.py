@@ -17,6 +17,7 @@ from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from ..sandbox.host import ChatHandler, SandboxLimits, UserHandler, run_in_sandbox
+from ..sandbox.view import SandboxView, plugin_view
 from ..sandbox.workers import WorkerPool
 
 EXECUTORS = ("local", "ray")
@@ -32,16 +33,20 @@ class Episode:
     task: Task
     trial: int
     limits: SandboxLimits
-    plugin_paths: list[str] = field(default_factory=list)
-    hidden: list[str] = field(default_factory=list)
+    plugin_paths: list[str] = field(default_factory=list)  # folders the environment's plugin is imported from
+    hidden: list[str] = field(default_factory=list)  # the environment's `sandbox_hidden`: masked
+    files: list[str] = field(default_factory=list)  # the environment's `sandbox_files`: bound read-only
+
+    def view(self) -> SandboxView:
+        """What of the host this episode sees besides the runtime (computed where it runs)."""
+        return plugin_view(self.env_name, self.plugin_paths, self.files, self.hidden)
 
 
 def run_here(episode: Episode, chat: ChatHandler, user: UserHandler | None,
              pool: WorkerPool | None = None) -> Awaitable[Trajectory]:
     """The episode in a sandboxed worker on this machine (what every executor ends up running)."""
     return run_in_sandbox(episode.harness, episode.env_name, episode.env_options, episode.task, episode.trial,
-                          chat, episode.limits, user=user, plugin_paths=episode.plugin_paths,
-                          hidden=episode.hidden, pool=pool)
+                          chat, episode.limits, user=user, view=episode.view(), pool=pool)
 
 
 class Executor(Protocol):
@@ -51,8 +56,8 @@ class Executor(Protocol):
         """Run the episode; `chat` and `user` are the host's handlers for its model and user turns."""
         ...
 
-    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
-        """Episodes of this environment are coming: get ready for them (without waiting)."""
+    def prepare(self, view: SandboxView, env_name: str) -> None:
+        """Episodes of this environment, seeing `view`, are coming: get ready for them (without waiting)."""
         ...
 
     async def idle(self) -> None:
@@ -81,8 +86,8 @@ class LocalExecutor:
                 return traj
         return await run_here(episode, chat, user, self.pool)
 
-    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
-        self.pool.prepare(plugin_paths, hidden, env_name)
+    def prepare(self, view: SandboxView, env_name: str) -> None:
+        self.pool.prepare(view, env_name)
 
     async def idle(self) -> None:
         await self.pool.drain()

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..agent.trajectory import Trajectory
 from ..sandbox.host import ChatHandler, UserHandler
+from ..sandbox.view import SandboxView
 from ..sandbox.workers import WorkerPool
 from .executors import Episode, infra_failure, run_here
 
@@ -127,7 +128,7 @@ class RayExecutor:
             return traj
         return infra_failure(episode, self.retries + 1, error)
 
-    def prepare(self, plugin_paths: list[str], hidden: list[str], env_name: str) -> None:
+    def prepare(self, view: SandboxView, env_name: str) -> None:
         return None  # each actor starts its own zygote on its node
 
     async def idle(self) -> None:

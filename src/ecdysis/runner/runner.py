@@ -170,6 +170,13 @@ class Runner:
 
         return handle
 
+    def episode(self, harness: HarnessVersion, task: Task, trial: int) -> Episode:
+        """One episode as an executor runs it: the sandbox sees the plugin's code from `plugin_paths`, the
+        environment's `sandbox_files` read-only and its `sandbox_hidden` masked (read now: they may change)."""
+        return Episode(harness, self.env_name, self.env_options, task, trial, self.limits, self.plugin_paths,
+                       [str(p) for p in getattr(self.env, "sandbox_hidden", ()) or ()],
+                       [str(p) for p in getattr(self.env, "sandbox_files", ()) or ()])
+
     def _over_budget(self) -> bool:
         return self.max_agent_tokens is not None and self.tokens_spent >= self.max_agent_tokens
 
@@ -198,8 +205,7 @@ class Runner:
                 if self._over_budget():
                     return
                 session = f"{eval_id}/{task.id}/{trial}"  # one episode: its model calls keep one local context
-                episode = Episode(harness, self.env_name, self.env_options, task, trial, self.limits,
-                                  self.plugin_paths, list(getattr(self.env, "sandbox_hidden", ())))
+                episode = self.episode(harness, task, trial)
                 try:
                     traj = await self.executor.run(
                         episode, lambda m, p: self._chat(eval_id, m, {**p, "session": session}),

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .confine import PidsCgroup, confine_argv, pids_cgroup
+from .view import SandboxView
 
 STREAM_LIMIT = 64 * 1024 * 1024  # a trajectory is one protocol line
 READY_TIMEOUT_S = 120.0
@@ -142,8 +143,8 @@ class ForkedWorker:
 
 
 class ForkServer:
-    """A confined zygote for one harness version and sandbox shape (plugin paths read-only, hidden paths
-    masked), in a pids cgroup of its own."""
+    """A confined zygote for one harness version and sandbox view (the plugin's code and declared files
+    read-only, hidden paths masked), in a pids cgroup of its own."""
 
     def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, cgroup: PidsCgroup | None,
                  stderr: tempfile._TemporaryFileWrapper[bytes]) -> None:
@@ -153,13 +154,15 @@ class ForkServer:
         self.confined = "+".join(["bwrap", "episode-ns", *(["pids-cgroup"] if cgroup else [])])
 
     @classmethod
-    def start(cls, src_root: str, env: dict[str, str], read_only: list[str], hidden: list[str],
-              env_name: str = "", max_tasks: int = 64) -> ForkServer | None:
-        """Start and wait for the zygote (blocking: call it off the event loop); it and every episode it
-        forks may hold `max_tasks` processes and threads in all. None where per-episode namespaces are
-        unavailable (no bubblewrap, no nested user namespaces)."""
-        command = [sys.executable, "-m", "ecdysis.sandbox.zygote", *([env_name, *read_only] if env_name else [])]
-        argv = confine_argv(command, env, src_root, read_only, hidden)
+    def start(cls, src_root: str, env: dict[str, str], view: SandboxView, env_name: str = "",
+              max_tasks: int = 64) -> ForkServer | None:
+        """Start and wait for the zygote (blocking: call it off the event loop); it sees `view` and imports
+        the environment from its import paths; it and every episode it forks may hold `max_tasks` processes
+        and threads in all. None where per-episode namespaces are unavailable (no bubblewrap, no nested user
+        namespaces)."""
+        plugin = [env_name, *view.import_paths] if env_name else []
+        command = [sys.executable, "-m", "ecdysis.sandbox.zygote", *plugin]
+        argv = confine_argv(command, env, src_root, list(view.read_only), list(view.hidden))
         if argv is None or not hasattr(os, "pidfd_open"):
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -19,6 +19,7 @@ from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from .confine import TASK_MARGIN, uid_tasks
+from .view import SandboxView
 from .workers import WorkerPool, start_worker
 
 ChatHandler = Callable[[list[dict[str, Any]], dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -55,17 +56,17 @@ async def run_in_sandbox(
     chat: ChatHandler,
     limits: SandboxLimits,
     user: UserHandler | None = None,
-    plugin_paths: list[str] | None = None,
-    hidden: list[str] | None = None,
+    view: SandboxView | None = None,
     pool: WorkerPool | None = None,
 ) -> Trajectory:
     """Run one episode in a fresh worker (a new process, or a fork of the pool's zygote). Never raises for
     harness failures.
 
-    `user` serves the simulated user's turns (conversation tasks); `plugin_paths` go on the worker's
-    import path so it can import the environment plugin (bound read-only into the sandbox); `hidden`
-    paths are masked inside it; `pool` supplies the worker (forked, or started ahead of time).
+    `user` serves the simulated user's turns (conversation tasks); `view` is what the episode sees of the
+    host besides the runtime (the plugin's code and declared files, hidden paths masked; its import paths
+    go on the worker's import path); `pool` supplies the worker (forked, or started ahead of time).
     """
+    view = view or SandboxView()
     start = time.perf_counter()
     served: list[dict[str, Any]] = []  # model calls served, kept in case the worker dies
     stderr = bytearray()
@@ -78,12 +79,11 @@ async def run_in_sandbox(
         "trial": trial,
         "limits": limits.for_worker(),
         "has_user": user is not None,
-        "plugin_paths": plugin_paths or [],
+        "plugin_paths": list(view.import_paths),
     }
     result: Trajectory | None = None
     termination, detail = "crash", ""
-    worker = await (pool.take(plugin_paths, hidden, env_name, harness.id) if pool
-                    else start_worker(plugin_paths, hidden))
+    worker = await (pool.take(view, env_name, harness.id) if pool else start_worker(view))
     request["confined"] = worker.confined
     try:
         drain = asyncio.create_task(_drain(worker.stderr, stderr))

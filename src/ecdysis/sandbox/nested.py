@@ -7,13 +7,18 @@ and calls `seal_episode`: fresh private tmpfs mounts for every writable place (/
 a /proc holding only /proc/self, then every capability dropped and no_new_privs set. What an episode
 writes, listens on or runs is invisible to every other episode; mounts inherited from the parent
 namespace are locked by the kernel, so the covered ones cannot be uncovered.
+
+A read-only bind below a writable place (the project, its venv or a plugin in a folder under /tmp) is
+bound again on top of the fresh tmpfs, read-only, so the episode sees exactly what the zygote saw there.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
+import stat
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -25,6 +30,9 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC 
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _CAP_VERSION_3 = 0x20080522
 WRITABLE = ("/sandbox", "/tmp", "/dev/shm")
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
+_KEPT_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
+               (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
 TMPFS_BYTES = 256 * 1024 * 1024
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -66,7 +74,9 @@ def seal_episode(workdir: str = "/sandbox") -> None:
     own = os.readlink("/proc/self")  # this process's pid in the zygote's /proc
     for path in WRITABLE:
         if os.path.isdir(path):
+            kept = _binds_below(path)
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMPFS_BYTES},mode=0777")
+            _bind_again(kept)
     staging = "/tmp/.proc-self"
     os.mkdir(staging)
     _mount(f"/proc/{own}", staging, None, MS_BIND | MS_REC)
@@ -77,6 +87,40 @@ def seal_episode(workdir: str = "/sandbox") -> None:
     _mount(None, "/proc", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chdir(workdir)  # the old cwd is the zygote's directory, not this episode's fresh one
     _drop_capabilities()
+
+
+def _mount_points() -> list[str]:
+    """Mount points of this mount namespace (mountinfo's fifth field, octal escapes decoded)."""
+    with open("/proc/self/mountinfo", "rb") as handle:
+        fields = [line.split()[4] for line in handle if line.strip()]
+    return [re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), f).decode() for f in fields]
+
+
+def _binds_below(folder: str) -> list[tuple[str, int]]:
+    """The outermost mounts strictly below `folder`, each with an O_PATH descriptor that keeps it reachable
+    once `folder` is covered (their own submounts come along with them: the binds are recursive)."""
+    prefix = folder.rstrip("/") + "/"
+    below = sorted({p for p in _mount_points() if p.startswith(prefix)})
+    outermost = [p for p in below if not any(p.startswith(q.rstrip("/") + "/") for q in below if q != p)]
+    return [(p, os.open(p, os.O_PATH | os.O_NOFOLLOW)) for p in outermost]
+
+
+def _bind_again(kept: list[tuple[str, int]]) -> None:
+    """Bind each kept mount at its old path on top of the fresh tmpfs, read-only (verified, else raise)."""
+    for path, fd in kept:
+        try:
+            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+            os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+            if not is_dir:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
+            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+            if not os.statvfs(path).f_flag & os.ST_RDONLY:
+                kept_flags = sum(flag for st, flag in _KEPT_FLAGS if os.statvfs(path).f_flag & st)
+                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept_flags)
+            if not os.statvfs(path).f_flag & os.ST_RDONLY:
+                raise OSError(f"{path} is writable after binding it again")
+        finally:
+            os.close(fd)
 
 
 def _drop_capabilities() -> None:

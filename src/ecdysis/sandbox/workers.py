@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from .confine import TASK_MARGIN, PidsCgroup, confine_argv, pids_cgroup, sweep_cgroups
 from .forkserver import STREAM_LIMIT, Forked, ForkServer, ZygoteError
+from .view import SandboxView
 
 SRC_ROOT = str(Path(__file__).resolve().parents[2])
 
@@ -135,13 +136,15 @@ class ProcessWorker:
         self.discard()
 
 
-async def start_worker(read_only: list[str] | None = None, hidden: list[str] | None = None) -> ProcessWorker:
+async def start_worker(view: SandboxView | None = None) -> ProcessWorker:
     """A fresh worker process in its own session (so the whole group can be killed), confined by
-    bubblewrap where available, in a pids-limited cgroup where one can be made."""
+    bubblewrap where available (seeing `view` besides the runtime), in a pids-limited cgroup where one
+    can be made."""
+    view = view or SandboxView()
     workdir = tempfile.mkdtemp(prefix="ecdysis-sbx-")
     command = [sys.executable, "-m", "ecdysis.sandbox.worker"]
     env = worker_env(workdir)
-    confined = confine_argv(command, env, SRC_ROOT, read_only or [], hidden or [])
+    confined = confine_argv(command, env, SRC_ROOT, list(view.read_only), list(view.hidden))
     cgroup = pids_cgroup()
     proc = await asyncio.create_subprocess_exec(
         *(confined or command),
@@ -154,7 +157,7 @@ async def start_worker(read_only: list[str] | None = None, hidden: list[str] | N
 
 
 class WorkerPool:
-    """Hands out one worker per episode. Per harness version and sandbox shape (plugin paths, hidden paths)
+    """Hands out one worker per episode. Per harness version and sandbox shape (view, environment)
     it keeps a zygote that forks episodes (it holds no event-loop state and runs no harness code), with one
     episode forked ahead; where no zygote can run, it starts fresh processes ahead of need instead.
     `drain` (called when a batch ends) kills what was made ahead and ends the zygotes with no episode in
@@ -171,26 +174,25 @@ class WorkerPool:
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zygote")
         self._forked: dict[tuple[Any, ...], list[Forked]] = {}  # forked ahead, waiting for their request
         self._refilling: set[tuple[Any, ...]] = set()
-        self._spares: dict[tuple[Any, ...], list[ProcessWorker]] = {}
+        self._spares: dict[SandboxView, list[ProcessWorker]] = {}
         self._starting: set[asyncio.Task[None]] = set()
         self._generation = 0  # bumped by drain(): spares still starting then are discarded on arrival
 
-    def prepare(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "") -> None:
+    def prepare(self, view: SandboxView, env_name: str = "") -> None:
         """Start a zygote for episodes of this shape ahead of need (off the event loop: its imports take a
         moment); the next harness version to run claims it."""
-        shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
+        shape = (view, env_name)
         if shape not in self._unclaimed and not self._no_zygotes:
             self._unclaimed[shape] = self._threads.submit(ForkServer.start, SRC_ROOT, worker_env("/sandbox"),
-                                                          list(shape[0]), list(shape[1]), env_name, self.max_tasks)
+                                                          view, env_name, self.max_tasks)
 
-    async def take(self, read_only: list[str] | None, hidden: list[str] | None, env_name: str = "",
-                   harness_id: str = "") -> Worker:
-        shape = (tuple(read_only or ()), tuple(hidden or ()), env_name)
+    async def take(self, view: SandboxView, env_name: str = "", harness_id: str = "") -> Worker:
+        shape = (view, env_name)
         key = self._latest = (*shape, harness_id)
         if self._no_zygotes:
-            return await self._take_process(shape[:2], read_only, hidden)
+            return await self._take_process(view)
         if key not in self._servers:  # the first episode of this harness version claims a prepared zygote
-            self.prepare(read_only, hidden, env_name)
+            self.prepare(view, env_name)
             self._servers[key] = self._unclaimed.pop(shape)
         future = self._servers[key]
         try:
@@ -207,7 +209,7 @@ class WorkerPool:
                     server.close()
                     if self._servers.get(key) is future:
                         del self._servers[key]
-        return await self._take_process(shape[:2], read_only, hidden)
+        return await self._take_process(view)
 
     async def _take_forked(self, key: tuple[Any, ...], server: ForkServer) -> Worker:
         """A spare forked ahead if one is ready, else one forked now. Once the episode waits on its model, one
@@ -244,31 +246,29 @@ class WorkerPool:
         else:
             self._forked.setdefault(key, []).append(forked)
 
-    async def _take_process(self, key: tuple[Any, ...], read_only: list[str] | None,
-                            hidden: list[str] | None) -> ProcessWorker:
+    async def _take_process(self, view: SandboxView) -> ProcessWorker:
         loop = asyncio.get_running_loop()
-        spares, worker = self._spares.setdefault(key, []), None
+        spares, worker = self._spares.setdefault(view, []), None
         while spares and worker is None:
             candidate = spares.pop()
             if candidate.loop is loop and candidate.proc.returncode is None:
                 worker = candidate
             else:
                 candidate.discard()
-        task = loop.create_task(self._start_spare(key, read_only, hidden, self._generation))
+        task = loop.create_task(self._start_spare(view, self._generation))
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
-        return worker or await start_worker(read_only, hidden)
+        return worker or await start_worker(view)
 
-    async def _start_spare(self, key: tuple[Any, ...], read_only: list[str] | None, hidden: list[str] | None,
-                           generation: int) -> None:
+    async def _start_spare(self, view: SandboxView, generation: int) -> None:
         try:
-            worker = await start_worker(read_only, hidden)
+            worker = await start_worker(view)
         except OSError:
             return
         if generation != self._generation:
             await worker.aclose()
         else:
-            self._spares.setdefault(key, []).append(worker)
+            self._spares.setdefault(view, []).append(worker)
 
     async def drain(self) -> None:
         """Kill the spare processes (and those still starting): the batch that needed them has ended."""
@@ -286,7 +286,7 @@ class WorkerPool:
                 del self._servers[key]
                 future.add_done_callback(_close_server)  # now, or once a zygote still starting has started
         if self._latest is not None:  # the next harness version will find its zygote started
-            self.prepare(list(self._latest[0]), list(self._latest[1]), self._latest[2])
+            self.prepare(self._latest[0], self._latest[1])
 
     def _close_forked(self) -> None:
         forked = [f for spares in self._forked.values() for f in spares]
