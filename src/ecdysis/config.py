@@ -67,7 +67,8 @@ class EvalSection(BaseModel):
     split: str = "val"  # train | val | test (dbbench also: dev = train + val); test only when asked for
     limit: int | None = 20
     trials: int = 1
-
+    best_of_k_max: int = 8  # compare's best-of-k arm: at most this many samples per test task (result says when capped)
+    best_of_k_temperature: float = 0.7  # its sampling temperature
 
 class SandboxSection(BaseModel):
     timeout_s: float = 300.0
