@@ -70,6 +70,7 @@ class EvalSection(BaseModel):
     best_of_k_max: int = 8  # compare's best-of-k arm: at most this many samples per test task (result says when capped)
     best_of_k_temperature: float = 0.7  # its sampling temperature
 
+
 class SandboxSection(BaseModel):
     timeout_s: float = 300.0
     memory_mb: int = 2048
