@@ -48,6 +48,11 @@ def show(
     if record is None:
         fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
         return
+    if record["kind"] == "serve":
+        from ..serve.cli import show_run
+
+        show_run(store, record, as_json)
+        return
     if as_json:
         views.print_json({"run": views.decoded(record), "evaluations": views.run_evaluations(store, record["id"]),
                           "calls": store.call_totals(record["id"])})
@@ -73,6 +78,12 @@ def report(
     from ..report.html import write_report
 
     store, run_dir, run = _locate(config, run_dir, run, "train")
+    record = store.run(run)
+    if record is not None and record["kind"] == "serve":
+        from ..serve.cli import report_run
+
+        report_run(store, record, output)
+        return
     try:
         path = write_report(store, run, output)
     except (KeyError, ValueError) as exc:

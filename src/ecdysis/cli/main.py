@@ -27,6 +27,7 @@ from ..models import (
     build_model,
     local_models,
 )
+from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from . import doctor, inspect, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail
@@ -38,6 +39,7 @@ runs_app = typer.Typer(help="Runs recorded in a run directory.", no_args_is_help
 app.add_typer(models_app, name="models")
 app.add_typer(runs_app, name="runs")
 runs_app.command("list")(inspect.runs_list)
+app.command("serve")(serve_cli.serve)
 app.command()(inspect.show)
 app.command()(inspect.report)
 app.command()(inspect.diff)
@@ -254,9 +256,16 @@ def train(
     executor: ExecutorOpt = None,
     ray_address: RayAddressOpt = None,
     report: Annotated[bool, typer.Option(help="Write RUN_DIR/report-RUN.html at the end.")] = True,
+    from_traces: Annotated[Path | None, typer.Option(help="Learn from the scored conversations of an "
+                                                          "`ecdysis serve` store instead of an environment.")] = None,
+    out: Annotated[Path | None, typer.Option(help="--from-traces: output folder (default STORE/from-traces/TIME).")
+                   ] = None,
 ) -> None:
     """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable.
     Ends with the result, what changed, the harness diff and the path of the HTML report."""
+    if from_traces is not None:
+        serve_cli.train_from_traces(from_traces, harness, out)
+        return
     from ..trainer.api import train_async
     from .runs import AnnouncingWorkspace, finish_train
 

@@ -1,0 +1,238 @@
+"""A frozen harness applied to an agent's Chat Completions requests (the library's layers, reused).
+
+- H3/H5 `prepare`: the contract (tools filled in, always-on tips) goes first in the system message,
+  then the agent's own system text; demonstrations follow it; tips retrieved for the conversation's
+  first user message go in front of that message. Everything before the agent's conversation is
+  the same for every conversation with the same tools, so prefix caches keep hitting.
+- H4 `regulate_results`: every tool result the agent sends back is passed through the harness's
+  `regulate` with the call it answers and the results before it; annotations are appended (the
+  same ones on every request, so the prefix stays stable); a stop on the newest results is returned.
+- H2 `realize`: the library's `realize_message` (repairs before and after the harness's `realize`,
+  per-call repairs) plus schema validation, against the request's tools.
+
+The harness's Python layers run in this process (a frozen harness is code you chose to deploy; the
+trainer checked it in the sandbox before it was frozen). A harness that fails to load raises
+`HarnessError` naming the file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..agent.loop import build_system_prompt
+from ..agent.realize import realize_message
+from ..harness.api import Action, ActionContext, Reply, StepState, ToolSpec, Verdict
+from ..harness.api import ToolCall as HarnessCall
+from ..harness.manifest import HarnessError, HarnessVersion, load_harness
+from ..harness.repairs import REPAIRS_FILE, parse_repairs, repair_message
+from ..harness.skills import parse_demos
+from ..harness.tool_calls import native_realize, parse_arguments, validate
+from ..models.base import Message
+
+
+class HarnessRuntimeError(RuntimeError):
+    """Harness code raised while serving a request (HTTP 500; the message names the layer)."""
+
+
+@dataclass
+class Prepared:
+    """The request as the upstream model gets it, and what the harness added."""
+
+    messages: list[Message]
+    system: str
+    tips: str
+    skills: list[str]
+    task_prompt: str
+    annotations: list[str] = field(default_factory=list)  # H4 annotations on the newest tool results
+    stop: Verdict | None = None  # H4 asked to stop after the newest tool results
+    observations: list[dict[str, Any]] = field(default_factory=list)  # newest tool results (tool, text)
+
+
+@dataclass
+class Outcome:
+    """H2 on one upstream reply: the realized actions (or the rejection) and what to tell the model."""
+
+    text: str  # the message text after message-stage repairs (calls written as text removed)
+    actions: list[Action]
+    repairs: list[str]
+    reject_rule: str = ""
+    feedback: str = ""
+    invalid: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, kind, message)
+
+    @property
+    def accepted(self) -> bool:
+        return not self.reject_rule and not self.invalid
+
+
+def _load_module(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise HarnessError(f"{path}: cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise HarnessError(f"{path}: failed to import: {exc.__class__.__name__}: {exc}") from exc
+    return module
+
+
+def _layer_function(harness: HarnessVersion, root: Path, layer: str, function: str) -> Callable[..., Any] | None:
+    rel = getattr(harness.manifest.files, layer)
+    if not rel:
+        return None
+    module = _load_module(root / rel, f"ecdysis_served_{layer}_{harness.id}")
+    fn = getattr(module, function, None)
+    if not callable(fn):
+        raise HarnessError(f"{root / rel}: must define {function}() (the {layer} layer interface)")
+    return fn
+
+
+class ServedHarness:
+    """One harness directory, loaded once and applied to every request."""
+
+    def __init__(self, directory: Path | str) -> None:
+        self.root = Path(directory).resolve()
+        self.version = load_harness(self.root)
+        if self.version.manifest.mode == "freeform":
+            raise HarnessError(f"{self.root}: a free-form harness drives its own loop; `serve` applies layered "
+                               "harnesses only (mode = 'layered')")
+        if str(self.root) not in sys.path:  # harness modules may import their siblings, as in the sandbox
+            sys.path.insert(0, str(self.root))
+        self._realize = _layer_function(self.version, self.root, "action", "realize") or native_realize
+        self._regulate = _layer_function(self.version, self.root, "regulate", "regulate")
+        self.repairs = parse_repairs(self.version.files.get(REPAIRS_FILE))
+        self.demos = parse_demos(self.version.layer_text("demos"))
+        self.manifest = self.version.manifest
+
+    def _examples(self, query: str) -> list[dict[str, Any]]:
+        """Retrieved worked examples (the `examples` layer), where this library version has it."""
+        from ..harness import skills
+
+        fn = getattr(skills, "example_messages", None)
+        return fn(self.version.layer_text("examples"), query) if fn is not None and query else []
+
+    @property
+    def id(self) -> str:
+        return self.version.id
+
+    @property
+    def name(self) -> str:
+        return self.manifest.name
+
+    # H3 + H5 + H4 ---------------------------------------------------------------------------------
+    def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
+        """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated."""
+        agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+        rest = [m for m in messages if m.role != "system"]
+        first_user = next((m.content for m in rest if m.role == "user"), "")
+        contract, tips, skill_ids = build_system_prompt(self.version, tools, first_user)
+        system = "\n\n".join(part for part in (contract, agent_system) if part)
+        rest, annotations, stop, observations = self.regulate_results(rest)
+        out = [Message(role="system", content=system)] if system else []
+        out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
+        out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
+        tipped = False
+        for m in rest:
+            if tips and not tipped and m.role == "user":
+                m = m.model_copy(update={"content": f"{tips}\n\n{m.content}"})
+                tipped = True
+            out.append(m)
+        return Prepared(out, system, tips, skill_ids, first_user, annotations, stop, observations)
+
+    def regulate_results(self, messages: list[Message]
+                         ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
+        """H4 over every tool result; returns (messages, newest annotations, newest stop, newest results)."""
+        last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
+        calls: dict[str, Action] = {}
+        history: list[tuple[Action, str]] = []
+        out: list[Message] = []
+        newest: list[str] = []
+        observations: list[dict[str, Any]] = []
+        stop: Verdict | None = None
+        turn = 0
+        for index, m in enumerate(messages):
+            if m.role == "assistant":
+                turn += 1
+                for c in m.tool_calls or []:
+                    args = parse_arguments(c.arguments)
+                    calls[c.id] = Action(c.name, "" if args is not None else c.arguments, args, c.id)
+            if m.role != "tool":
+                out.append(m)
+                continue
+            action = calls.get(m.tool_call_id or "", Action("unknown", "", None, m.tool_call_id or ""))
+            fresh = index > last_assistant
+            if fresh:
+                observations.append({"tool": action.tool, "arguments": action.arguments, "text": m.content})
+            if self._regulate is None:
+                out.append(m)
+                continue
+            state = StepState(max(0, turn - 1), self.manifest.budget.max_turns, action, m.content, list(history))
+            try:
+                verdict = self._regulate(state)
+            except Exception as exc:
+                raise HarnessRuntimeError(f"H4 regulate() raised: {traceback.format_exception_only(exc)[-1].strip()}"
+                                          ) from exc
+            if not isinstance(verdict, Verdict):
+                raise HarnessRuntimeError(f"H4 regulate() must return a Verdict, got {verdict!r}")
+            history.append((action, m.content))
+            if verdict.annotation:
+                m = m.model_copy(update={"content": f"{m.content}\n{verdict.annotation}"})
+                if fresh:
+                    newest.append(verdict.annotation)
+            if fresh and verdict.stop and stop is None:
+                stop = verdict
+            out.append(m)
+        return out, newest, stop, observations
+
+    # H2 -------------------------------------------------------------------------------------------
+    def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
+        """H2 on one upstream reply against the request's tools: repairs, realize, validation."""
+        ctx = ActionContext(tools, turn, task_prompt, conversational=True)
+        repaired, _ = repair_message(self.repairs, reply, tools)
+        try:
+            realized = realize_message(self._realize, self.repairs, reply, ctx)
+        except Exception as exc:
+            raise HarnessRuntimeError(f"H2 realize() raised: {traceback.format_exception_only(exc)[-1].strip()}"
+                                      ) from exc
+        if realized.reject is not None:
+            return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
+                           realized.reject.feedback)
+        invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
+        feedback = "\n".join(message for _, _, message in invalid)
+        return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
+
+
+def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:
+    """An upstream reply ({"id", "name", "arguments"} calls) as the harness's `Reply`."""
+    return Reply(text, tuple(HarnessCall(c.get("id", ""), c.get("name", ""), c.get("arguments", "{}"))
+                             for c in calls))
+
+
+def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcome) -> list[Message]:
+    """What the upstream model is told after a rejected or invalid reply: its reply, then the feedback
+    (a rejection as a user message; invalid calls as their tool results, the valid ones not run)."""
+    from ..models.base import ToolCall
+
+    if outcome.reject_rule or not calls:
+        return [Message(role="assistant", content=reply_text),
+                Message(role="user", content=outcome.feedback or "Your reply could not be used. Try again.")]
+    bad = {a.call_id: message for a, _, message in outcome.invalid}
+    out = [Message(role="assistant", content=reply_text,
+                   tool_calls=[ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls])]
+    for c in calls:
+        out.append(Message(role="tool", tool_call_id=c["id"], content=bad.get(
+            c["id"], "(not run: another call in this message was invalid; send the corrected calls again)")))
+    return out
+
+
+def arguments_text(action: Action) -> str:
+    return json.dumps(action.arguments) if action.arguments is not None else (action.input or "{}")
