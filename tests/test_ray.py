@@ -124,3 +124,54 @@ async def test_killed_worker_is_retried_then_recorded_as_infrastructure_failure(
     rerun = await evaluate(ws, "eval-always")
     assert rerun.episodes == 5 and rerun.infra_failures == 0 and rerun.per_task["q4"] == [1.0]
     ws.close()
+
+
+def zygote_below(pid: int) -> int | None:
+    """The pid of the first zygote (its bubblewrap process) among `pid`'s descendants."""
+    queue = [pid]
+    while queue:
+        current = queue.pop(0)
+        try:
+            cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")
+            children = [c for task in Path(f"/proc/{current}/task").iterdir()  # a thread's children are its own
+                        for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        if current != pid and b"ecdysis.sandbox.zygote" in cmdline:
+            return current
+        queue.extend(int(c) for c in children)
+    return None
+
+
+class ZygoteKiller(Killer):
+    """Kills the zygote that forked the episode in the Ray actor (the actor lives: it returns `infra_error`)."""
+
+    def __call__(self, messages: list[Message]) -> str:
+        if f"Add {self.victim} " in messages[-1].content and self.kills < self.times:
+            (actor,) = self.ws.executor.busy
+            zygote = zygote_below(ray.get(actor.pid.remote()))
+            assert zygote is not None, "the actor's episode was not forked from a zygote"
+            os.killpg(zygote, signal.SIGKILL)
+            self.kills += 1
+        return answer(messages)
+
+
+async def test_an_infra_error_from_an_actor_is_retried_then_recorded(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, "ray", "scripted:agent", "run.concurrency=1", "run.episode_retries=1",
+                   "cache.enabled=false")
+    killer = ZygoteKiller(ws, victim="2", times=1)  # the actor reports infra_error once: the retry finishes it
+    ws.backends["agent|scripted:agent"] = ScriptedModel(killer, name="adder")
+    summary = await evaluate(ws, "eval-zygote-once")
+    assert killer.kills == 1 and summary.episodes == 5 and summary.infra_failures == 0
+    assert summary.per_task["q2"] == [1.0]
+
+    ws.executor.retries = 0  # no retry left: the actor's infra_error is recorded, kept out of the scores
+    killer = ZygoteKiller(ws, victim="4", times=1)
+    ws.backends["agent|scripted:agent"] = ScriptedModel(killer, name="adder")
+    ws.models.clear()
+    summary = await evaluate(ws, "eval-zygote-lost")
+    assert killer.kills == 1 and summary.infra_failures == 1 and "q4" not in summary.per_task
+    (lost,) = [t for t in ws.store.trajectories(summary.eval_id) if t.task_id == "q4"]
+    assert lost.termination == "infra_error" and "1 attempt(s)" in (lost.traceback or "")
+    assert "zygote" in (lost.traceback or ""), lost.traceback
+    ws.close()

@@ -4,7 +4,8 @@ Each actor runs the ordinary sandboxed worker (`run_in_sandbox`, forked from the
 node; the episode's model and user turns come back to the driver through the actor (`next` / `respond`),
 so model calls keep the driver's cache, accounting and rate limits, and results are recorded in the one
 run store as each episode finishes. A dead actor (worker or node lost) costs only its in-flight episode,
-which is retried on a fresh actor up to `retries` times and then recorded as an infrastructure failure.
+which is retried on a fresh actor up to `retries` times and then recorded as an infrastructure failure; an
+episode an actor reports as `infra_error` (its zygote died) is retried the same way.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import itertools
 from typing import Any
 
-from ..agent.trajectory import Trajectory
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..sandbox.host import ChatHandler, UserHandler
 from ..sandbox.view import SandboxView
 from ..sandbox.workers import WorkerPool
@@ -112,6 +113,8 @@ class RayExecutor:
             await actor.respond.remote(message["id"], reply)
 
     async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+        """Like the local executor: an episode the infrastructure lost (its actor died, or the actor's zygote
+        died and it returned `infra_error`) runs again, up to `retries` times, then is recorded as lost."""
         error = ""
         for _ in range(self.retries + 1):
             actor = self._actor()
@@ -124,8 +127,10 @@ class RayExecutor:
                 continue
             finally:
                 self.busy.discard(actor)
-            self.ready.append(actor)
-            return traj
+            self.ready.append(actor)  # alive: its pool replaces a dead zygote
+            if traj.termination != INFRA_ERROR:
+                return traj
+            error = (traj.traceback or "").splitlines()[0] if traj.traceback else "infra_error"
         return infra_failure(episode, self.retries + 1, error)
 
     def prepare(self, view: SandboxView, env_name: str) -> None:
