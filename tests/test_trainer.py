@@ -18,9 +18,10 @@ from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
-from ecdysis.trainer.records import RoundRecord, SerialEdit
+from ecdysis.trainer.records import RoundRecord, SerialEdit, SpecRecord
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
+DEBATE = "train.engine.skip_debate_when_verified=false"  # the roles are asked even when a measured lever covers all
 
 
 def traj(task_id: str, reply: str, termination: str = "rejected", trial: int = 0, passed: bool = False,
@@ -141,17 +142,28 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
     assert "unknown ['P7']" in outcome.transcript[-1]["dropped"][0]
 
 
-async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("skip", [False, True])
+async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path, skip: bool) -> None:
     roles = Roles()
-    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"))
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"),
+                 f"train.engine.skip_debate_when_verified={str(skip).lower()}")
     result = await train_async(ws.config, ws=ws)
     first = result.rounds[0]
     assert first.train_score == 0.0 and first.recurring == 1 and first.accepted
     assert result.rounds[1].stop == "nothing recurring left" and len(result.rounds) == 2
     assert result.test_before["accuracy"] == 0.0 and result.test_after["accuracy"] == 1.0
     assert json.loads((result.frozen_dir / "repairs.json").read_text()) == ["boxed_answer"]
-    assert roles.calls == ["ANALYST", "CRITIC", "ENGINEER"] * 2 + ["MODERATOR"]  # one spec per round
-    assert result.agent_executions == 12 and result.optimizer_calls == 7
+    if skip:  # one measured zero-loss lever covers the one recurring pattern: no role is asked
+        assert roles.calls == [] and result.optimizer_calls == 0
+        assert records.load(ws.store, result.run_id, SpecRecord, "r1").source.startswith("library: enable_repair")
+    else:
+        assert roles.calls == ["ANALYST", "CRITIC", "ENGINEER"] * 2 + ["MODERATOR"]  # one spec per round
+        assert result.optimizer_calls == 7
+    # the seed's 6 training episodes ran; the repair leaves every prompt unchanged: its 6 are cache-served
+    assert (result.agent_executions, result.cached_executions) == (6, 6)
+    assert result.train_before == 0.0 and result.train_after == 1.0
+    assert [(p.step, p.harness_id, p.train_score, p.accepted) for p in result.curve] == [
+        (0, result.seed_harness_id, 0.0, False), (1, result.final_harness_id, 1.0, True)]
     candidate = ws.store.get_record(result.run_id, "candidate", "r1")
     assert candidate["replay"]["gained"] and not candidate["replay"]["lost"]
 
@@ -177,7 +189,7 @@ async def test_spec_written_again_after_a_kill_is_in_the_transcript_once(tmp_pat
 
 async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path) -> None:
     crashing = Roles(crash_after=4)
-    ws = make_ws(tmp_path, crashing, ScriptedModel(add_answer, name="adder"))
+    ws = make_ws(tmp_path, crashing, ScriptedModel(add_answer, name="adder"), DEBATE)
     with pytest.raises(KeyboardInterrupt):
         await train_async(ws.config, ws=ws)
     transcript = ws.store.get_record(ws.store.runs()[0]["id"], "transcript", "r1")
@@ -185,12 +197,12 @@ async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path)
     ws.close()
     resumed_roles = Roles()
     agent = ScriptedModel(add_answer, name="adder")
-    ws2 = make_ws(tmp_path, resumed_roles, agent)
+    ws2 = make_ws(tmp_path, resumed_roles, agent, DEBATE)
     result = await train_async(ws2.config, ws=ws2)
     assert resumed_roles.calls == ["CRITIC", "ENGINEER", "MODERATOR"]  # finished turns not repeated
     assert result.rounds[0].accepted and result.test_after["accuracy"] == 1.0
     (tmp_path / "ref").mkdir()
-    ref_ws = make_ws(tmp_path / "ref", Roles(), ScriptedModel(add_answer, name="adder"))
+    ref_ws = make_ws(tmp_path / "ref", Roles(), ScriptedModel(add_answer, name="adder"), DEBATE)
     reference = await train_async(ref_ws.config, ws=ref_ws)
     assert [r.accepted for r in result.rounds] == [r.accepted for r in reference.rounds]
     assert result.final_harness_id == reference.final_harness_id
@@ -226,7 +238,7 @@ def confused_by_the_rule(messages: list[Message]) -> str:
 async def test_repairs_bundled_with_a_harmful_prompt_edit_are_validated_alone(tmp_path: Path, arm: str) -> None:
     spec = {**BOXED_SPEC, "changes": [*BOXED_SPEC["changes"], HURTFUL_RULE]}
     ws = make_ws(tmp_path, Roles(spec=spec), ScriptedModel(confused_by_the_rule, name="confusable"),
-                 "train.rounds=1", "train.serial_max_edits=1")
+                 "train.rounds=1", "train.serial_max_edits=1", DEBATE)
     result = await train_async(ws.config, arm, ws=ws)
     assert result.test_after["accuracy"] == 1.0  # the whole spec scores 0 on train; the repair alone 1
     final = ws.store.load_version(result.final_harness_id)

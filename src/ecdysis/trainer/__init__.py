@@ -1,6 +1,10 @@
 """The Ecdysis trainer: failure aggregation, FDCR, implementation with checks, acceptance."""
 
-from .api import train, train_async
-from .trainer import Trainer, TrainResult
+from .api import Arm, train, train_async
+from .engine import Engine
+from .records import CurvePoint
+from .trainer import TrainResult
 
-__all__ = ["TrainResult", "Trainer", "train", "train_async"]
+Trainer = Engine  # the name earlier code used
+
+__all__ = ["Arm", "CurvePoint", "Engine", "TrainResult", "Trainer", "train", "train_async"]

@@ -19,7 +19,8 @@ class Record(BaseModel):
 
 
 class SerialEdit(Record):
-    """One per-failure edit of the serial baseline."""
+    """One per-failure edit of the serial baseline (key `r{round}/f{i}`): its target is a failing task of
+    the harness current when it was made."""
 
     task: str
     accepted: bool = False
@@ -29,6 +30,10 @@ class SerialEdit(Record):
     harness: str | None = None
     per_task: dict[str, list[float]] = Field(default_factory=dict)
     tried: str | None = None
+    decided_on: str | None = None
+    decision_taken: bool = True  # False: an evaluation was incomplete (budget, infrastructure): not compared
+    early_stopped: bool = False
+    variant_scores: dict[str, float | None] = Field(default_factory=dict)  # train score of each variant picked from
 
 
 class RoundRecord(Record):
@@ -49,6 +54,9 @@ class RoundRecord(Record):
     decided_on: str | None = None
     library_candidate: str | None = None
     edits: list[SerialEdit] = Field(default_factory=list)
+    decision_taken: bool = True  # False: an evaluation was incomplete (budget, infrastructure): not compared
+    early_stopped: bool = False  # the candidate's validation stopped once its rejection was certain
+    variant_scores: dict[str, float | None] = Field(default_factory=dict)  # train score of each variant picked from
 
     def attempts(self) -> list[SerialEdit | RoundRecord]:
         """The edits this round paid for: the serial baseline's attempted edits, else the round's own
@@ -58,11 +66,25 @@ class RoundRecord(Record):
         return [self] if self.candidate is not None else []
 
 
+class CandidateRecord(Record):
+    """What implementation built for a step (key = the step's key): the whole spec's candidate, the
+    variants that built (name -> harness id) and where the spec came from."""
+
+    harness: str | None = None
+    applied: list[str] = Field(default_factory=list)
+    attempts: list[dict[str, Any]] = Field(default_factory=list)
+    error: str | None = None
+    replay: dict[str, Any] | None = None
+    variants: dict[str, str] = Field(default_factory=dict)
+    source: str = "roles"
+
+
 class SpecRecord(Record):
     """The round's spec as the roles wrote it (None when they gave nothing valid) and why."""
 
     spec: dict[str, Any] | None = None
     error: str | None = None
+    source: str = "roles"  # or "library: ..." when the library wrote it without asking a role
 
 
 class AcceptRule(Record):
@@ -98,7 +120,8 @@ class CurvePoint(Record):
 R = TypeVar("R", bound=Record)
 
 KINDS: dict[type[Record], str] = {RoundRecord: "decision", SerialEdit: "serial-edit", SpecRecord: "spec",
-                                  AcceptRule: "rule", CurvePoint: "curve"}
+                                  AcceptRule: "rule", CurvePoint: "curve",
+                                  CandidateRecord: "candidate"}
 
 
 def put(store: RunStore, run_id: str, key: str, record: Record) -> None:

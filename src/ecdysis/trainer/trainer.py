@@ -1,12 +1,13 @@
-"""The Ecdysis training loop: collect -> aggregate -> FDCR spec -> implement + check -> validate -> accept.
+"""What every training arm shares: its config, store, runners, role models, splits, timings and grounding.
 
-Every step is recorded in the run store as it finishes; running the same config again resumes:
-finished evaluations, debate turns, specs, candidates and decisions are read back, not redone.
+`TrainContext` is built from the arm's own config (never the workspace's: `arm_workspace` gives a view
+of the workspace with that config, so nothing shared is mutated); `Engine` (engine.py) runs the loop on it.
 The test split is loaded only after training, in `freeze_and_test`: no optimizer role can see it.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -14,19 +15,19 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..agent.trajectory import INFRA_ERROR, Trajectory
+from ..config import Config
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, ChatResponse
 from ..models.cache import MeteredModel
-from ..runner.runner import EvalSummary, Runner
+from ..runner.runner import Runner
 from ..workspace import Workspace
 from . import records
-from .accept import Decision, decide
 from .failures import Pattern, aggregate, failure_record
-from .fdcr import DEBATE_ROLES, SpecWriter
+from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
-from .levers import attach, library_demo_spec, measure_repairs, measurement_records
-from .records import AcceptRule, RoundRecord, SpecRecord
+from .levers import Measurement, attach, measure_repairs, measurement_records
+from .records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -43,25 +44,29 @@ class TrainResult:
     frozen_dir: Path
     rounds: list[RoundRecord]
     stop_reason: str
-    train_before: float
-    train_after: float
+    train_before: float | None
+    train_after: float | None  # None: the final harness has no complete train evaluation (never a made-up 0)
     val_before: float | None  # None when the environment has no val tasks
     val_after: float | None
     accept_rule: AcceptRule
     test_before: dict[str, Any] | None
     test_after: dict[str, Any] | None
     wall_s: float
-    agent_executions: int
+    agent_executions: int  # training episodes actually run (cache-served ones are `cached_executions`)
     optimizer_calls: int
     optimizer_tokens: int
     agent_tokens: int
+    cached_executions: int = 0
+    curve: list[CurvePoint] = field(default_factory=list)  # point 0: the seed; then one per decision
+    budget: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
         return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds],
-                      "accept_rule": self.accept_rule.model_dump(mode="json")}
+                      "accept_rule": self.accept_rule.model_dump(mode="json"),
+                      "curve": [p.model_dump(mode="json") for p in self.curve]}
 
 
 def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
@@ -72,19 +77,33 @@ def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
     return out
 
 
-class Trainer:
-    """One training run of one arm (`ecdysis`: debate; `aggregate`: single analyst)."""
+def arm_workspace(ws: Workspace, config: Config) -> Workspace:
+    """A view of `ws` running under `config`: same store, cache, executor and backends; `ws` is untouched."""
+    if config is ws.config:
+        return ws
+    _ = ws.store, ws.cache, ws.executor  # opened once, shared by the view
+    view = copy.copy(ws)
+    view.config = config
+    return view
 
-    def __init__(self, ws: Workspace, run_id: str, arm: str = "ecdysis", view: TrainView | None = None) -> None:
-        self.ws, self.cfg, self.run_id, self.arm = ws, ws.config, run_id, arm
-        self.store = ws.store
+
+class TrainContext:
+    """One training run of one arm: plumbing shared by every proposer."""
+
+    def __init__(self, ws: Workspace, run_id: str, arm: str, config: Config | None = None,
+                 view: TrainView | None = None) -> None:
+        self.ws = arm_workspace(ws, config or ws.config)
+        self.cfg, self.run_id, self.arm = self.ws.config, run_id, arm
+        self.store = self.ws.store
         self.view = view or TrainView(enabled=False)
-        self.runner: Runner = ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
-        self.test_runner: Runner = ws.runner(run_id)
+        self.runner: Runner = self.ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
+        self.test_runner: Runner = self.ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
-        self.train_tasks: list[Task] = ws.tasks("train", self.cfg.train.train_limit)
+        self.train_tasks: list[Task] = self.ws.tasks("train", self.cfg.train.train_limit)
         self.val_tasks, self.accept_rule = self._acceptance_split()
         records.put(self.store, run_id, "accept_on", self.accept_rule)
+        self.wall_done = sum(v for k, v in self.store.records(run_id, "timing") if k.startswith("r"))
+        self._step_started: float | None = None
 
     def _acceptance_split(self) -> tuple[list[Task], AcceptRule]:
         """The tasks edits are accepted on, and the rule as recorded with the run."""
@@ -99,6 +118,10 @@ class Trainer:
         why = ("configured" if t.accept_on == "train"
                else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
         return [], AcceptRule(accept_on="train", tasks=len(self.train_tasks), rule=t.acceptance, why=why)
+
+    @property
+    def accept_split(self) -> str:
+        return "val" if self.val_tasks else "train"
 
     def earlier_attempts(self, r: int) -> str:
         """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
@@ -137,150 +160,47 @@ class Trainer:
         return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
                             listeners=[*shared.listeners, record])
 
+    def wall_s(self) -> float:
+        """Training wall time so far: the finished timed steps plus the one running."""
+        running = time.perf_counter() - self._step_started if self._step_started is not None else 0.0
+        return self.wall_done + running
+
     async def _timed(self, key: str, step: Callable[[], Awaitable[T]]) -> T:
-        start = time.perf_counter()
-        result = await step()
-        previous = self.store.get_record(self.run_id, "timing", key) or 0.0
-        self.store.put_record(self.run_id, "timing", key, previous + time.perf_counter() - start)
-        return result
+        """Run one step and add its wall time to the `timing` record `key` (steps are never nested)."""
+        start = self._step_started = time.perf_counter()
+        try:
+            return await step()
+        finally:
+            elapsed = time.perf_counter() - start
+            self._step_started = None
+            previous = self.store.get_record(self.run_id, "timing", key) or 0.0
+            self.store.put_record(self.run_id, "timing", key, previous + elapsed)
+            if key.startswith("r"):
+                self.wall_done += elapsed
 
-    async def _evaluate(self, version: HarnessVersion, key: str, split: str = "train") -> EvalSummary:
-        tasks = self.val_tasks if split == "val" else self.train_tasks
-        return await self._timed(key, lambda: self.runner.evaluate(
-            version, tasks, self.cfg.train.train_trials, split, split))
-
-    async def _accept_eval(self, version: HarnessVersion, key: str) -> EvalSummary:
-        """The evaluation edits are decided on: val when the run accepts on val, else train."""
-        if self.val_tasks:
-            return await self._evaluate(version, key.replace("validate", "val"), "val")
-        return await self._evaluate(version, key)
-
-    def _patterns(self, summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
-        trajectories = [t for t in self.store.trajectories(summary.eval_id) if t.termination != INFRA_ERROR]
+    def patterns_of(self, trajectories: list[Trajectory]) -> list[Pattern]:
         gold = {t.id: t.gold for t in self.train_tasks}
         threshold = self.cfg.train.failure_threshold
         failures = [failure_record(t, gold[t.task_id]) for t in trajectories if t.score < threshold]
-        return trajectories, aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern)
+        return aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern)
 
-    async def _grounded_patterns(self, key: str, current: HarnessVersion,
-                                 summary: EvalSummary) -> tuple[list[Trajectory], list[Pattern]]:
+    async def grounded_patterns(self, key: str, current: HarnessVersion, trajectories: list[Trajectory]
+                                ) -> tuple[list[Pattern], list[Measurement]]:
         """Aggregate, then measure every built-in repair on the stored replies and rank the patterns
-        (stored per round, so a resumed run reads them back)."""
-        trajectories, patterns = self._patterns(summary)
+        (stored under `key`, so a resumed run reads them back)."""
+        trajectories = [t for t in trajectories if t.termination != INFRA_ERROR]
         stored = self.store.get_record(self.run_id, "patterns", key)
-        if stored is not None:
-            return trajectories, [Pattern(**d) for d in stored]
+        measured = self.store.get_record(self.run_id, "measurements", key)
+        if stored is not None and measured is not None:
+            return [Pattern(**d) for d in stored], [
+                Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in measured]
         tasks = {t.id: t for t in self.train_tasks}
         measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
             current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current)))
         self.store.put_record(self.run_id, "measurements", key, measurement_records(measurements))
-        patterns = attach(patterns, measurements, trajectories, tasks)
+        patterns = attach(self.patterns_of(trajectories), measurements, trajectories, tasks)
         self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
-        return trajectories, patterns
-
-    async def _round(self, r: int, current: HarnessVersion) -> RoundRecord:
-        key = f"r{r}"
-        summary = await self._evaluate(current, f"{key}/collect")
-        trajectories, patterns = await self._grounded_patterns(key, current, summary)
-        self.view.round(r, current.id, summary.accuracy, patterns)
-        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
-                             train_score=summary.accuracy, patterns=len(patterns),
-                             recurring=sum(p.classification == "recurring" for p in patterns))
-        if record.recurring == 0:
-            return record.model_copy(update={"stop": "nothing recurring left", "reason": "no recurring pattern"})
-        spec_record = records.load(self.store, self.run_id, SpecRecord, key)
-        if spec_record is None:
-            writer = SpecWriter(self.store, self.run_id, self.roles, self.cfg.roles)
-            outcome = await self._timed(f"{key}/spec", lambda: writer.write(
-                key, current, patterns, self.cfg.train.debate_passes, debate=self.arm == "ecdysis",
-                earlier=self.earlier_attempts(r)))
-            spec_record = SpecRecord(spec=outcome.spec.model_dump() if outcome.spec else None, error=outcome.error)
-            records.put(self.store, self.run_id, key, spec_record)
-        implementer = self.implementer()
-        spec, candidate = None, None
-        if spec_record.spec is not None:
-            spec = HarnessSpec.model_validate(spec_record.spec)
-            self.view.spec(spec)
-            candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
-                current, spec, trajectories, single_turn=self.single_turn(current)))
-        if (candidate is None or candidate.version is None) and (demo := library_demo_spec(patterns)) is not None:
-            # every measured lever is spent and the roles gave nothing that runs: the library's own
-            # model-level candidate (a demonstration bootstrapped from a passing task), decided by acceptance
-            spec = demo
-            record.library_candidate = "add_demo"
-            candidate = await self._timed(f"{key}/implement", lambda: implementer.build(
-                current, demo, trajectories, single_turn=self.single_turn(current)))
-        if spec is None or candidate is None:
-            return record.model_copy(update={"reason": spec_record.error})
-        self.store.put_record(self.run_id, "candidate", key, {
-            "harness": candidate.version.id if candidate.version else None, "applied": candidate.applied,
-            "attempts": candidate.attempts, "error": candidate.error,
-            "replay": candidate.replay.to_dict() if candidate.replay else None})
-        if candidate.version is None:
-            return record.model_copy(update={"reason": f"no candidate passed the checks: {candidate.error}"})
-        self.store.save_version(candidate.version, parent=current.id, note=f"{self.arm} {key}")
-        chosen, validation, decision, variant = await self._validate(
-            key, current, spec, candidate.version, summary.per_task, implementer, trajectories)
-        self.view.decision(decision.accepted, f"{variant}: {decision.reason}")
-        return record.model_copy(update={
-            "candidate": chosen.id, "candidate_score": validation.accuracy, "variant": variant,
-            "decided_on": validation.split, "accepted": decision.accepted, "reason": decision.reason,
-            "harness_after": chosen.id if decision.accepted else current.id})
-
-    async def _validate(self, key: str, current: HarnessVersion, spec: HarnessSpec, candidate: HarnessVersion,
-                        base: dict[str, list[float]], implementer: Implementer,
-                        trajectories: list[Trajectory]) -> tuple[HarnessVersion, EvalSummary, Decision, str]:
-        """Validate the candidate on the training split and decide by the acceptance rule.
-
-        When the spec bundles H2 repairs with prompt edits and the cache is on, the repairs alone are
-        validated too (their model calls are cache hits) and the better of the two is decided on, so a
-        noisy prompt edit cannot drag a good repair down with it. Returns (chosen, its summary, decision,
-        which variant)."""
-        validation = await self._accept_eval(candidate, f"{key}/validate")
-        chosen, variant = (candidate, validation), "whole spec"
-        part = spec.deterministic_part()
-        if part is not None and self.ws.cache is not None:
-            sub = await implementer.build(current, part, trajectories, single_turn=self.single_turn(current))
-            if sub.version is not None and sub.version.id != candidate.id:
-                self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} repairs only")
-                sub_validation = await self._accept_eval(sub.version, f"{key}/validate-repairs")
-                if sub_validation.accuracy >= validation.accuracy:
-                    chosen, variant = (sub.version, sub_validation), "repairs only"
-        if self.val_tasks:  # the current harness on val (an evaluation already stored after the first round)
-            base = (await self._evaluate(current, f"{key}/val-base", "val")).per_task
-        decision = decide(self.cfg.train.acceptance, base, chosen[1].per_task, self.cfg.train.tolerance,
-                          split=chosen[1].split or "train")
-        return chosen[0], chosen[1], decision, variant
-
-    async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
-        """Run up to R rounds; returns (final harness, round records, stop reason)."""
-        self.store.save_version(seed, note="seed")
-        current, rounds, rejected_in_a_row, stop = seed, [], 0, "round limit reached"
-        for r in range(1, self.cfg.train.rounds + 1):
-            record = records.load(self.store, self.run_id, RoundRecord, f"r{r}")
-            if record is None:
-                record = await self._round(r, current)
-                records.put(self.store, self.run_id, f"r{r}", record)
-            rounds.append(record)
-            current = self.store.load_version(record.harness_after)
-            if record.stop is not None:
-                stop = record.stop
-                break
-            rejected_in_a_row = 0 if record.accepted else rejected_in_a_row + 1
-            if rejected_in_a_row >= 2:
-                stop = "nothing accepted twice in a row"
-                break
-        return current, rounds, stop
-
-    async def val_scores(self, seed: HarnessVersion, final: HarnessVersion) -> tuple[float | None, float | None]:
-        """Val accuracy of the seed and the final harness (read back when acceptance already ran them)."""
-        tasks = self.val_tasks or self.ws.tasks("val", self.cfg.train.val_limit)
-        if not tasks:
-            return None, None
-        trials = self.cfg.train.train_trials
-        before = await self._timed("val/seed", lambda: self.runner.evaluate(seed, tasks, trials, "val", "val"))
-        after = await self._timed("val/final", lambda: self.runner.evaluate(final, tasks, trials, "val", "val"))
-        return before.accuracy, after.accuracy
+        return patterns, measurements
 
     async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
                               test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:

@@ -1,0 +1,333 @@
+"""The training engine, written once for every method: collect -> propose -> implement -> check -> validate -> accept.
+
+A method is a proposer (proposers/) plus the shared budget (`[train.budget]`). Round proposers (`aggregate`,
+`ecdysis`) make one step per round; the per-failure proposer (`serial`) one step per failing task of the
+current harness, and after an accepted edit the new harness is evaluated on the training tasks before the
+next target is taken from its failures.
+
+A step: the proposer's spec (stored), the candidate and its variants built and checked (stored), the variant
+picked on the training tasks (cache-served; `train.engine.screen_batch` screens on a few tasks first), the
+pick validated on the acceptance split against the current harness on the same task ids, and decided by the
+rule. With `train.engine.early_stop` a validation stops as soon as its rejection is certain. After every
+decision a `CurvePoint` is stored. Every step is timed and stored, so a rerun resumes without repeating work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..agent.trajectory import INFRA_ERROR
+from ..config import Config
+from ..harness.manifest import HarnessVersion
+from ..workspace import Workspace
+from . import records
+from .accept import Decision, decide_on_same_tasks, rejection_certain
+from .budget import AGENT_ROLES, Budget, Spend
+from .evaluation import Evaluator, Measured
+from .levers import candidate_variants, library_fallback_specs
+from .proposers import Evidence, Proposer, make_proposer
+from .records import CandidateRecord, CurvePoint, RoundRecord, SerialEdit, SpecRecord
+from .spec import HarnessSpec
+from .trainer import TrainContext
+from .view import TrainView
+
+WHOLE = "whole spec"
+
+
+@dataclass
+class Outcome:
+    """What one step decided."""
+
+    accepted: bool = False
+    reason: str = ""
+    candidate: str | None = None
+    candidate_score: float | None = None
+    variant: str | None = None
+    variant_scores: dict[str, float | None] = field(default_factory=dict)
+    decided_on: str | None = None
+    taken: bool = True
+    early: bool = False
+    library: str | None = None
+    tried: str | None = None
+
+
+class Engine(TrainContext):
+    """One training run of one arm: `train(seed)` returns (final harness, round records, stop reason)."""
+
+    def __init__(self, ws: Workspace, run_id: str, arm: str, config: Config | None = None,
+                 proposer: Proposer | None = None, view: TrainView | None = None) -> None:
+        super().__init__(ws, run_id, arm, config, view)
+        self.proposer = proposer or make_proposer(arm)
+        t, e = self.cfg.train, self.cfg.train.engine
+        self.budget = Budget(t.budget.agent_executions, t.budget.optimizer_tokens, t.budget.wall_s)
+        batches = {self.accept_split: e.eval_batch or 4 * self.cfg.run.concurrency} if e.early_stop else {}
+        if e.screen_batch:
+            batches["train"] = e.screen_batch
+        val = self.val_tasks or (self.ws.tasks("val", t.val_limit) if t.accept_on == "train" else [])
+        self.evaluator = Evaluator(self.store, run_id, self.runner, {"train": self.train_tasks, "val": val},
+                                   t.train_trials, batches, self.budget, self.spend)
+
+    # accounting -------------------------------------------------------------------------------------------
+    def spend(self) -> Spend:
+        """What the run has spent so far (agent episodes from the registered evaluations, optimizer calls
+        from the store, wall time from the timed steps)."""
+        run, cached = self.evaluator.executions()
+        roles = [row for row in self.store.call_totals(self.run_id) if row["role"] not in AGENT_ROLES]
+        return Spend(run, cached, sum(row["calls"] for row in roles),
+                     sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in roles), self.wall_s())
+
+    def score(self, version: HarnessVersion, split: str) -> float | None:
+        """The harness's stored score on a split, when that evaluation is complete (never a made-up 0)."""
+        if not self.evaluator.tasks[split]:
+            return None
+        measured = self.evaluator.lookup(version, split)
+        return measured.score if measured.complete else None
+
+    def point(self, decision_key: str, current: HarnessVersion, accepted: bool) -> None:
+        """Store the curve point of one decision (once: a resumed run does not store it again)."""
+        if self.store.get_record(self.run_id, "curve-of", decision_key) is not None:
+            return
+        step, s = self.store.count_records(self.run_id, "curve"), self.spend()
+        records.put(self.store, self.run_id, f"curve/{step:04d}", CurvePoint(
+            arm=self.arm, step=step, harness_id=current.id, val_score=self.score(current, "val"),
+            train_score=self.score(current, "train"), wall_s=s.wall_s, agent_executions=s.agent_executions,
+            cached_executions=s.cached_executions, optimizer_calls=s.optimizer_calls,
+            optimizer_tokens=s.optimizer_tokens, accepted=accepted))
+        self.store.put_record(self.run_id, "curve-of", decision_key, step)
+
+    def curve(self) -> list[CurvePoint]:
+        return sorted((p for _, p in records.load_all(self.store, self.run_id, CurvePoint)), key=lambda p: p.step)
+
+    # the loop ---------------------------------------------------------------------------------------------
+    async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
+        self.store.save_version(seed, note="seed")
+        if self.store.get_record(self.run_id, "curve-of", "seed") is None:
+            await self.collect("r1", 1, seed)
+            if self.val_tasks:
+                await self._timed("r1/val-base", lambda: self.evaluator.measure(seed, "val"))
+            self.point("seed", seed, accepted=False)
+        current, rounds, rejected, stop = seed, [], 0, "round limit reached"
+        limit = self.cfg.train.engine.stop_after_rejections
+        for r in range(1, self.cfg.train.rounds + 1):
+            record = records.load(self.store, self.run_id, RoundRecord, f"r{r}")
+            if record is None:
+                if (spent := self.budget.exhausted(self.spend())) is not None:
+                    stop = spent
+                    break
+                run = self._serial_round if self.proposer.per_failure else self._round
+                record = await run(r, current)
+                records.put(self.store, self.run_id, f"r{r}", record)
+            rounds.append(record)
+            current = self.store.load_version(record.harness_after)
+            if record.stop is not None:
+                stop = record.stop
+                break
+            rejected = 0 if record.accepted else rejected + 1
+            if not self.proposer.per_failure and limit and rejected >= limit:
+                stop = "nothing accepted twice in a row" if limit == 2 else f"nothing accepted {limit} times in a row"
+                break
+        return current, rounds, stop
+
+    async def collect(self, key: str, r: int, current: HarnessVersion) -> Evidence:
+        """The current harness on the training tasks, its trajectories and grounded patterns."""
+        measured = await self._timed(f"{key}/collect", lambda: self.evaluator.measure(current, "train"))
+        trajectories = [t for e in measured.eval_ids for t in self.store.trajectories(e) if t.termination != INFRA_ERROR]
+        patterns, measurements = await self.grounded_patterns(key, current, trajectories)
+        return Evidence(key, r, current, measured, trajectories, patterns, measurements)
+
+    def _incomplete(self, measured: Measured) -> str:
+        return self.budget.exhausted(self.spend()) or measured.stopped or "evaluation incomplete"
+
+    async def _round(self, r: int, current: HarnessVersion) -> RoundRecord:
+        key = f"r{r}"
+        ev = await self.collect(key, r, current)
+        self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
+        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
+                             train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
+        if not ev.collect.complete:
+            return record.model_copy(update={"stop": self._incomplete(ev.collect), "reason": "collect incomplete"})
+        if not ev.recurring:
+            return record.model_copy(update={"stop": "nothing recurring left", "reason": "no recurring pattern"})
+        out = await self.attempt(key, ev, None)
+        after = out.candidate if out.accepted and out.candidate else current.id
+        self.point(key, self.store.load_version(after), out.accepted)
+        stop = None if out.taken else self.budget.exhausted(self.spend())
+        return record.model_copy(update={
+            "candidate": out.candidate, "candidate_score": out.candidate_score, "variant": out.variant,
+            "decided_on": out.decided_on, "accepted": out.accepted, "reason": out.reason, "harness_after": after,
+            "library_candidate": out.library, "decision_taken": out.taken, "early_stopped": out.early,
+            "variant_scores": out.variant_scores, "stop": stop})
+
+    async def _serial_round(self, r: int, current: HarnessVersion) -> RoundRecord:
+        key = f"r{r}"
+        ev = await self.collect(key, r, current)
+        self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
+        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
+                             train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
+        threshold = self.cfg.train.failure_threshold
+        if ev.collect.complete and not ev.collect.failing(threshold):
+            return record.model_copy(update={"stop": "no failures left", "reason": "no failures"})
+        tried: set[str] = set()
+        for i in range(len(self.train_tasks) + 1):
+            edit_key = f"{key}/f{i}"
+            done = records.load(self.store, self.run_id, SerialEdit, edit_key)
+            if done is None:
+                attempted = sum(e.attempted for _, e in records.load_all(self.store, self.run_id, SerialEdit))
+                targets = [t for t in ev.collect.failing(threshold) if t not in tried]
+                if attempted >= self.cfg.train.serial_max_edits:
+                    record.stop = f"serial_max_edits ({self.cfg.train.serial_max_edits}) reached"
+                elif not ev.collect.complete:
+                    record.stop = self._incomplete(ev.collect)
+                elif (spent := self.budget.exhausted(self.spend())) is not None:
+                    record.stop = spent
+                if record.stop is not None or not targets:
+                    break
+                done = await self._serial_edit(edit_key, ev, targets[0])
+                records.put(self.store, self.run_id, edit_key, done)
+            record.edits.append(done)
+            tried.add(done.task)
+            if done.accepted and done.harness is not None:
+                current = self.store.load_version(done.harness)
+                # the per-failure full re-evaluation: the next target is a failure of the new harness
+                ev = await self.collect(f"{key}/f{i + 1}", r, current)
+            elif not done.decision_taken:
+                record.stop = self.budget.exhausted(self.spend()) or done.reason
+                break
+        record.harness_after, record.accepted = current.id, current.id != record.harness_before
+        record.reason = f"{sum(e.accepted for e in record.edits)}/{len(record.edits)} edits accepted"
+        return record
+
+    async def _serial_edit(self, key: str, ev: Evidence, task: str) -> SerialEdit:
+        out = await self.attempt(key, ev, task)
+        self.view.decision(out.accepted, f"serial edit for {task} ({out.variant}): {out.reason}")
+        after = out.candidate if out.accepted and out.candidate else ev.current.id
+        self.point(key, self.store.load_version(after), out.accepted)
+        return SerialEdit(task=task, accepted=out.accepted, reason=out.reason, variant=out.variant,
+                          harness=out.candidate, tried=out.tried, decided_on=out.decided_on,
+                          decision_taken=out.taken, early_stopped=out.early, variant_scores=out.variant_scores)
+
+    # one step ---------------------------------------------------------------------------------------------
+    async def attempt(self, key: str, ev: Evidence, target: str | None) -> Outcome:
+        """Propose, implement and check, pick the variant, validate and decide (each part stored under `key`)."""
+        spec_record = records.load(self.store, self.run_id, SpecRecord, key)
+        if spec_record is None:
+            proposal = await self._timed(f"{key}/spec", lambda: self.proposer.propose(self, ev, key, target))
+            spec_record = SpecRecord(spec=proposal.spec.model_dump() if proposal.spec else None,
+                                     error=proposal.error, source=proposal.source)
+            records.put(self.store, self.run_id, key, spec_record)
+        spec = HarnessSpec.model_validate(spec_record.spec) if spec_record.spec is not None else None
+        if spec is not None:
+            self.view.spec(spec)
+        candidate, versions = await self.candidates(key, ev, spec, spec_record.source)
+        out = Outcome(tried=spec.summary() if spec else None,
+                      library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
+        if not versions:
+            out.reason = (f"no candidate passed the checks: {candidate.error}" if spec or candidate.error
+                          else spec_record.error or "no valid spec")
+            return out
+        out.variant, chosen, out.variant_scores = await self.pick(key, versions)
+        decision, measured = await self.validate(key, ev.current, chosen)
+        out.accepted, out.reason, out.taken = decision.accepted, decision.reason, decision.taken
+        out.candidate, out.candidate_score, out.decided_on = chosen.id, measured.score, measured.split
+        out.early = decision.taken and not measured.complete
+        if len(versions) > 1:
+            out.reason = f"{out.variant} (picked on train): {out.reason}"
+        self.view.decision(out.accepted, f"{out.variant}: {out.reason}")
+        return out
+
+    async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None,
+                         source: str) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:
+        """The whole spec's candidate (or the library's fallback when the roles gave nothing that runs) and its
+        variants, built and checked once (stored as the step's candidate record)."""
+        stored = records.load(self.store, self.run_id, CandidateRecord, key)
+        if stored is None:
+            stored = await self._build(key, ev, spec, source)
+            records.put(self.store, self.run_id, key, stored)
+        versions = {WHOLE: self.store.load_version(stored.harness)} if stored.harness else {}
+        return stored, versions | {n: self.store.load_version(h) for n, h in stored.variants.items()}
+
+    async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str) -> CandidateRecord:
+        implementer, current, single = self.implementer(), ev.current, self.single_turn(ev.current)
+
+        async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate
+            return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories, single))
+
+        built = await build(spec, "implement") if spec is not None else None
+        used = spec
+        if (built is None or built.version is None) and self.proposer.library_fallback:
+            for fallback in library_fallback_specs(ev.patterns):
+                attempt = await build(fallback, "implement")
+                if attempt.version is not None:
+                    built, used = attempt, fallback
+                    source = f"library: {fallback.changes[0].kind}"
+                    break
+        if built is None:
+            return CandidateRecord(source=source)
+        record = CandidateRecord(harness=built.version.id if built.version else None, applied=built.applied,
+                                 attempts=built.attempts, error=built.error or None,
+                                 replay=built.replay.to_dict() if built.replay else None, source=source)
+        if built.version is None or used is None:
+            return record
+        self.store.save_version(built.version, parent=current.id, note=f"{self.arm} {key}")
+        if self.ws.cache is None:  # variants are picked on train from the response cache
+            return record
+        for name, variant_spec in candidate_variants(used, ev.patterns):
+            sub = await build(variant_spec, "variants")
+            seen = {current.id, built.version.id, *record.variants.values()}
+            if sub.version is not None and sub.version.id not in seen:
+                self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} {name}")
+                record.variants[name] = sub.version.id
+        return record
+
+    async def pick(self, key: str, versions: dict[str, HarnessVersion]
+                   ) -> tuple[str, HarnessVersion, dict[str, float | None]]:
+        """The variant to validate, picked on the training tasks (never on the split it is decided on, unless
+        edits are decided on train). Ties go to the later variant: variants are the spec's smaller parts."""
+        names = list(versions)
+        if len(names) == 1:
+            return names[0], versions[names[0]], {}
+        order = {n: i for i, n in enumerate(names)}
+        if self.cfg.train.engine.screen_batch and len(names) > 2:
+            screened = {n: await self._timed(f"{key}/screen", lambda n=n: self.evaluator.measure(
+                versions[n], "train", max_batches=1)) for n in names}
+            names = sorted(names, key=lambda n: (screened[n].score or 0.0, order[n]), reverse=True)
+            names = names[:math.ceil(len(names) / 2)]
+        scores = {n: (await self._timed(f"{key}/pick", lambda n=n: self.evaluator.measure(versions[n], "train"))).score
+                  for n in names}
+        best = max(names, key=lambda n: (scores[n] if scores[n] is not None else -1.0, order[n]))
+        return best, versions[best], scores
+
+    async def validate(self, key: str, current: HarnessVersion, chosen: HarnessVersion) -> tuple[Decision, Measured]:
+        """The current harness and the candidate on the acceptance split, decided on the same task ids; the
+        candidate's evaluation stops once its rejection is certain (`train.engine.early_stop`)."""
+        split, rule, tol = self.accept_split, self.cfg.train.acceptance, self.cfg.train.tolerance
+        base = await self._timed(f"{key}/val-base" if split == "val" else f"{key}/base",
+                                 lambda: self.evaluator.measure(current, split))
+        early = self.cfg.train.engine.early_stop and base.complete
+
+        def certain(partial: dict[str, list[float]]) -> str | None:
+            d = rejection_certain(rule, base.per_task, partial, base.expected, tol, split)
+            return d.reason if d else None
+
+        cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(
+            chosen, split, certain if early else None))
+        if early and not cand.complete and (d := rejection_certain(rule, base.per_task, cand.per_task,
+                                                                   base.expected, tol, split)):
+            return d, cand
+        decision = decide_on_same_tasks(rule, base.per_task, cand.per_task, base.expected, tol, split,
+                                        self.cfg.train.train_trials)
+        if not decision.taken:
+            why = "; ".join(m.stopped for m in (base, cand) if m.stopped)
+            decision = Decision(False, rule, decision.current, decision.candidate,
+                                f"{decision.reason}{f' ({why})' if why else ''}", taken=False)
+        return decision, cand
+
+    async def val_scores(self, seed: HarnessVersion, final: HarnessVersion) -> tuple[float | None, float | None]:
+        """Val accuracy of the seed and the final harness (read back when training already ran them; not
+        charged to the training budget)."""
+        if not self.evaluator.tasks["val"]:
+            return None, None
+        before = await self._timed("val/seed", lambda: self.evaluator.measure(seed, "val", charge=False))
+        after = await self._timed("val/final", lambda: self.evaluator.measure(final, "val", charge=False))
+        return before.score, after.score

@@ -1,0 +1,68 @@
+"""The aggregating proposers: `aggregate` (one analyst writes the spec) and `ecdysis` (the FDCR debate).
+
+Both read the round's recurring patterns with their measured levers. With
+`train.engine.skip_debate_when_verified`, a round whose recurring patterns are all covered by one measured
+lever that gains tasks and loses none gets that lever as its spec without any role call: the roles could
+only add unmeasured edits next to it (and `with_verified_levers` would add the lever to their spec anyway).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..failures import Pattern
+from ..fdcr import SpecWriter
+from ..levers import repairs_of
+from ..spec import Change, HarnessSpec, max_items
+from .base import Evidence, Proposal, Proposer
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+
+def covering_lever(patterns: list[Pattern]) -> dict[str, object] | None:
+    """One measured zero-loss lever that gains tasks in every recurring pattern, if any (the first such,
+    in the first pattern's order: best gain first)."""
+    recurring = [p for p in patterns if p.classification == "recurring"]
+    if not recurring:
+        return None
+
+    def ok(m: dict[str, object]) -> bool:
+        return bool(m["gained"]) and m["lost"] == 0
+
+    for lever in (m for m in recurring[0].facts.get("measured_levers", []) if ok(m)):
+        if all(any(m["lever"] == lever["lever"] and ok(m) for m in p.facts.get("measured_levers", []))
+               for p in recurring[1:]):
+            return lever
+    return None
+
+
+def lever_spec(patterns: list[Pattern], lever: dict[str, object]) -> HarnessSpec | None:
+    """The spec that enables the lever's repairs for every recurring pattern."""
+    names = repairs_of(lever)
+    if len(names) > max_items("changes"):
+        return None
+    ids = [p.id for p in patterns if p.classification == "recurring"]
+    changes = [Change(layer="H2", kind="enable_repair", repair=n, text="",
+                      rationale=f"{', '.join(ids)}: measured on the stored replies (+{lever['gained']} task(s), "
+                                "0 lost); written by the library, no debate") for n in names]
+    return HarnessSpec(patterns_addressed=ids, changes=changes, skills=[],
+                       implementation_notes="verified lever covering every recurring pattern",
+                       expected_effect=f"the measured gain of {lever['lever']}")
+
+
+class AnalystProposer(Proposer):
+    def __init__(self, name: str, debate: bool) -> None:
+        self.name, self.debate = name, debate
+
+    async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:
+        cfg = engine.cfg
+        if cfg.train.engine.skip_debate_when_verified and (lever := covering_lever(evidence.patterns)):
+            spec = lever_spec(evidence.patterns, lever)
+            if spec is not None:
+                return Proposal(spec, evidence.patterns, source=f"library: {lever['lever']} covers every "
+                                "recurring pattern (no debate)")
+        writer = SpecWriter(engine.store, engine.run_id, engine.roles, cfg.roles)
+        outcome = await writer.write(key, evidence.current, evidence.patterns, cfg.train.debate_passes,
+                                     debate=self.debate, earlier=engine.earlier_attempts(evidence.round))
+        return Proposal(outcome.spec, evidence.patterns, error=outcome.error)
