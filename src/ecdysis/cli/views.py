@@ -75,7 +75,7 @@ def train_summary(console: Console, r: Any) -> None:
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
     rule = r.accept_rule
     table.add_row("edits decided on", f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}): {rule.why}")
-    table.add_row("train accuracy", f"{r.train_before:.3f} -> {r.train_after:.3f}")
+    table.add_row("train accuracy", f"{_fmt(r.train_before)} -> {_fmt(r.train_after)}")  # None: not evaluated
     if r.val_before is not None:
         table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")
     if r.test_before:
@@ -83,7 +83,7 @@ def train_summary(console: Console, r: Any) -> None:
     if r.test_after:
         table.add_row("test accuracy (final)", f"{r.test_after['accuracy']:.3f} on {r.test_after['n_tasks']} tasks")
     table.add_row("training wall time", f"{r.wall_s:.1f}s")
-    table.add_row("agent executions (train)", str(r.agent_executions))
+    table.add_row("agent executions (train)", f"{r.agent_executions} run, {r.cached_executions} cache-served")
     table.add_row("optimizer calls / tokens", f"{r.optimizer_calls} / {r.optimizer_tokens}")
     table.add_row("agent tokens (all)", str(r.agent_tokens))
     for role, (sent, cached) in sorted(r.prompt_cache.items()):
