@@ -137,6 +137,7 @@ class TrainSection(BaseModel):
     implementer_timeout_s: float = 900.0  # the external command is killed after this long
     implementer_network: bool = False  # let the external command reach the network (a hosted model API)
     implementer_env: list[str] = Field(default_factory=list)  # host variables passed to it (e.g. its API key)
+    implementer_unconfined: bool = False  # allow it to run without bubblewrap (warned, recorded with the round)
     max_evidence_per_pattern: int = 3
     serial_max_edits: int = 20  # the serial baseline's total edit attempts
     budget: TrainBudget = Field(default_factory=TrainBudget)

@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,7 @@ from helpers import BOXED_SPEC, seed_with  # noqa: E402
 
 from ecdysis.sandbox.confine import bwrap_path  # noqa: E402
 from ecdysis.trainer.checks import CheckFailed  # noqa: E402
-from ecdysis.trainer.implement import ExternalCommand, Implementer  # noqa: E402
+from ecdysis.trainer.implement import ExternalCommand, Implementer, UnconfinedImplementer  # noqa: E402
 from ecdysis.trainer.spec import HarnessSpec  # noqa: E402
 
 SPEC = HarnessSpec.model_validate(BOXED_SPEC)
@@ -84,3 +85,38 @@ async def test_external_implementer_failure_reports_its_output() -> None:
     command = shlex.join([sys.executable, "-c", "import sys; print('no API key configured'); sys.exit(3)"])
     with pytest.raises(CheckFailed, match="exited with 3: no API key configured"):
         await implementer(command)._external(seed_with("gsm8k"), SPEC)
+
+
+@pytest.fixture()
+def no_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A PATH without `bwrap` (so bubblewrap is unavailable), restored afterwards."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    bwrap_path.cache_clear()
+    assert bwrap_path() is None
+    yield
+    monkeypatch.undo()
+    bwrap_path.cache_clear()
+
+
+EDIT = shlex.join([sys.executable, "-c", "open('contract.md', 'a').write('\\nAlways end with the answer.\\n')"])
+
+
+async def test_without_bubblewrap_the_external_implementer_is_refused_naming_the_setting(no_bwrap) -> None:  # type: ignore[no-untyped-def]
+    train = SimpleNamespace(implementer_command=EDIT, implementer_timeout_s=60, implementer_network=False,
+                            implementer_env=[], implementer_unconfined=False)
+    with pytest.raises(UnconfinedImplementer, match=r"train\.implementer_unconfined = true"):
+        ExternalCommand.from_config(train)  # a train run stops before its first round
+    with pytest.raises(UnconfinedImplementer, match=r"train\.implementer_unconfined = true"):
+        await implementer(EDIT).build(seed_with("gsm8k"), SPEC, [], single_turn=True)  # not a failed sample
+
+
+async def test_allowed_unconfined_it_runs_warns_and_the_round_records_it(no_bwrap, capsys) -> None:  # type: ignore[no-untyped-def]
+    train = SimpleNamespace(implementer_command=EDIT, implementer_timeout_s=60, implementer_network=False,
+                            implementer_env=[], implementer_unconfined=True)
+    external = ExternalCommand.from_config(train)
+    assert external is not None
+    candidate = await Implementer(None, None, [], None, 1, external).build(  # type: ignore[arg-type]
+        seed_with("gsm8k"), SPEC, [], single_turn=True)
+    assert candidate.version is not None and "Always end with the answer." in candidate.version.files["contract.md"]
+    assert "external implementer isolation: unconfined (train.implementer_unconfined = true)" in candidate.applied
+    assert "runs with no confinement" in capsys.readouterr().err

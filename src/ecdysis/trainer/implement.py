@@ -5,7 +5,8 @@ Text and JSON levers (rules, repairs, skills, demos, max_tokens) are applied det
 are drawn and the first that passes every check wins (failed checks are shown to the next sample).
 An external coding-agent command may be used instead: it runs in a copy of the harness directory
 with the spec in SPEC.json, confined by bubblewrap (that copy is all it can write; no network unless
-configured; only the host variables it is given) and killed after its timeout.
+configured; only the host variables it is given) and killed after its timeout. Without bubblewrap it is
+refused unless `train.implementer_unconfined = true` (then a warning, and the round's record says so).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
 from ..harness.manifest import HarnessVersion, load_harness, set_manifest_value
@@ -28,7 +31,7 @@ from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
-from ..sandbox.confine import confine_tool_argv
+from ..sandbox.confine import bwrap_path, confine_tool_argv
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
 from .fdcr import render
@@ -134,29 +137,57 @@ def reply_content(text: str) -> str:
     return obj["content"]
 
 
+class UnconfinedImplementer(ValueError):
+    """The external implementer would run with no confinement and `train.implementer_unconfined` is not set."""
+
+
+_WARNED_UNCONFINED: list[str] = []  # commands warned about in this process
+
+
 @dataclass(frozen=True)
 class ExternalCommand:
-    """The external coding agent (`train.implementer_command`) and its confinement."""
+    """The external coding agent (`train.implementer_command`) and its confinement. Without bubblewrap it
+    refuses to run unless `unconfined` (`train.implementer_unconfined = true`): then it warns once and the
+    round's candidate record says so (`isolation`)."""
 
     command: str
     timeout_s: float = 900.0
     network: bool = False
     env_names: tuple[str, ...] = ()
+    unconfined: bool = False
 
     @classmethod
     def from_config(cls, train: Any) -> ExternalCommand | None:
+        """The configured command, refused (UnconfinedImplementer) here already if it could only run unconfined."""
         if not train.implementer_command:
             return None
-        return cls(train.implementer_command, train.implementer_timeout_s, train.implementer_network,
-                   tuple(train.implementer_env))
+        external = cls(train.implementer_command, train.implementer_timeout_s, train.implementer_network,
+                       tuple(train.implementer_env), bool(getattr(train, "implementer_unconfined", False)))
+        external.isolation()
+        return external
+
+    def isolation(self) -> str:
+        """How it runs here: "bwrap", or "unconfined (...)" when allowed; raises UnconfinedImplementer if not."""
+        if bwrap_path() is not None:
+            return "bwrap"
+        if not self.unconfined:
+            raise UnconfinedImplementer(
+                "train.implementer_command would run with no confinement: bubblewrap (bwrap) is missing or cannot "
+                "create namespaces here. Install the Debian package `bubblewrap` (make setup does), or set "
+                "train.implementer_unconfined = true to run it unconfined anyway")
+        if self.command not in _WARNED_UNCONFINED:
+            _WARNED_UNCONFINED.append(self.command)
+            Console(stderr=True).print(
+                "[bold yellow]warning: train.implementer_unconfined = true and bubblewrap is unavailable: the "
+                "external implementer runs with no confinement (it can read and write what you can).[/]")
+        return "unconfined (train.implementer_unconfined = true)"
 
     def launch(self, workdir: str) -> tuple[list[str], dict[str, str]]:
-        """(argv, environment): bubblewrap-confined where available (the variables are set inside, the
-        process starts with none), else the bare command with a minimal environment."""
+        """(argv, environment): bubblewrap-confined (the variables are set inside, the process starts with
+        none); where bubblewrap is unavailable, the bare command with a minimal environment if allowed."""
         command = shlex.split(self.command)
         passed = {k: os.environ[k] for k in self.env_names if k in os.environ}
-        confined = confine_tool_argv(command, workdir, passed, self.network)
-        if confined is not None:
+        if self.isolation() == "bwrap" and (confined := confine_tool_argv(command, workdir, passed, self.network)):
             return confined, {}
         return command, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, **passed}
 
@@ -212,6 +243,8 @@ class Implementer:
         code_changes = [c for c in spec.changes if c.kind == "edit_code"]
         examples = [r for t in trajectories if not t.passed for r in t.replies()[-1:]]
         candidate = Candidate(None, applied=notes)
+        if self.external:  # refused before any sample when it could only run unconfined without consent
+            candidate.applied.append(f"external implementer isolation: {self.external.isolation()}")
         error = ""
         tries = self.attempts if (code_changes or self.external) else 1
         for sample in range(tries):
