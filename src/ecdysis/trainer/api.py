@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 from rich.console import Console
 
-from ..config import EXECUTION_ONLY, Config
+from ..config import Config, identity_json
 from ..workspace import Workspace
 from .budget import AGENT_ROLES
 from .engine import Engine
@@ -25,8 +25,9 @@ ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
 def config_key(config: Config, suffix: str = "", length: int = 10) -> str:
-    """A stable hash of the config (display and execution settings excluded) plus `suffix`."""
-    text = config.model_dump_json(exclude={"run": set(EXECUTION_ONLY)}) + suffix
+    """A stable hash of the config (display, execution and location settings excluded: `identity_json`) plus
+    `suffix`; the same where the project folder lives."""
+    text = identity_json(config) + suffix
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
 
