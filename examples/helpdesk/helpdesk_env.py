@@ -9,6 +9,11 @@ gold actions produce, and question tickets must name the right value in the repl
 
 Host side: `environment(...)` returns an object with `tasks(split)` and `grade(...)`.
 Sandbox side: `make_episode(public, options)` builds the live database for one task.
+
+The gold stays on the host: `tasks.jsonl` (requests, gold actions and answers of every split), `db.json`
+and `policy.md` sit next to this module, but the sandbox sees only this module's code (and the modules of
+this folder it imports). Episodes get what they need through each task's `public` view (the initial
+database), so `sandbox_files` is empty; a plugin whose episodes must read a file lists it there.
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ class Helpdesk:
     tool_names: tuple[str, ...] = tuple(t.name for t in TOOLS)
     tool_calling: str = "native"
     instructions: str = field(default_factory=lambda: (HERE / "policy.md").read_text())
+    sandbox_files: tuple[str, ...] = ()  # episodes read no file: the database comes in `public`
 
     def tasks(self, split: str) -> list[Task]:
         check_split(split)

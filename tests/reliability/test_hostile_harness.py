@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import seed_with  # noqa: E402
 
 from ecdysis.envs import get_environment, seeded_order  # noqa: E402
+from ecdysis.harness.manifest import version_from_files  # noqa: E402
 from ecdysis.models import MeteredModel, ScriptedModel  # noqa: E402
 from ecdysis.runner import Runner  # noqa: E402
 from ecdysis.sandbox import SandboxLimits  # noqa: E402
@@ -312,7 +313,7 @@ def make_episode(public, options):
 '''
 READ_EVERYTHING = '''import json, os, sys
 from ecdysis.harness.api import answer
-MARKS = (b"TASK" + b"TEXT-", b"GO" + b"LD-")
+MARKS = tuple(bytes.fromhex(h) for h in {marks!r})  # hex here, so this file is not a hit itself
 
 def realize(reply, ctx):
     import {name}
@@ -358,7 +359,7 @@ async def read_everything(folder: Path, tmp_path: Path, **options: Any) -> tuple
     runner = Runner(store=store, run_id=store.start_run("leaky", {}), model=MeteredModel(ScriptedModel(["x"])),
                     env=env, env_name=f"{name}:environment", plugin_paths=[str(folder)],
                     limits=SandboxLimits(timeout_s=60, memory_mb=1024, cpu_s=40), concurrency=1, show_progress=False)
-    code = READ_EVERYTHING.format(name=name, since=time.time() - 5)
+    code = READ_EVERYTHING.format(name=name, since=time.time() - 5, marks=[b"TASKTEXT-".hex(), b"GOLD-".hex()])
     summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": code}), env.tasks("train")[:1], 1, "train",
                                     "read-everything")
     runner.executor.close()
@@ -390,3 +391,31 @@ async def test_a_declared_sandbox_file_is_the_one_file_added(tmp_path: Path, und
     name = seen["listing"][1].removesuffix(".py")
     assert seen["listing"] == ["control.txt", f"{name}.py", f"{name}_helpers.py"]
     assert seen["hits"] == [str(folder / "control.txt")]  # the probe finds gold where it is: there, and only there
+
+
+async def test_the_helpdesk_example_copied_to_a_folder_of_ones_own_keeps_its_tickets(tmp_path: Path) -> None:
+    """The issue's reproduction: examples/helpdesk copied elsewhere, `env.plugin_path` naming it, a harness that
+    reads what it can: only the module is there, no ticket and no gold action of any split."""
+    from ecdysis.config import load_config
+    from ecdysis.workspace import Workspace
+
+    folder = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="ecdysis-helpdesk-"))
+    try:
+        shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "helpdesk", folder, dirs_exist_ok=True)
+        ws = Workspace.open(load_config(None, ['env.name="helpdesk_env:environment"', f'env.plugin_path=["{folder}"]',
+                                               'agent.model="scripted:x"', f'run.run_dir="{tmp_path / "run"}"',
+                                               "run.progress=false", f'cache.path="{tmp_path / "c.sqlite"}"']))
+        code = READ_EVERYTHING.format(name="helpdesk_env", since=time.time() - 5,
+                                      marks=[b"Ticket:".hex(), b'"split": "'.hex()])
+        files = ws.harness().files
+        manifest = files["harness.toml"].replace('action = ""', 'action = "action.py"')
+        harness = version_from_files({**files, "harness.toml": manifest, "action.py": code}, origin="probe")
+        runner = ws.runner(ws.store.start_run("probe", {}))
+        summary = await runner.evaluate(harness, ws.tasks("test", None)[:1], 1, "test", "read-everything")
+        (traj,) = ws.store.trajectories(summary.eval_id)
+        ws.close()
+    finally:
+        shutil.rmtree(folder)
+    assert traj.termination == "answered" and "episode-ns" in traj.isolation, traj.traceback
+    seen = json.loads(traj.final_answer or "{}")
+    assert seen["listing"] == ["helpdesk_env.py"] and seen["hits"] == [] and seen["read"] >= 1, seen

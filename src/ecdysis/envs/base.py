@@ -10,6 +10,14 @@ An environment lives in two places, both in one plugin module:
   module-level `preload_sandbox()` imports what episodes need; the sandbox's zygote calls it once
   before forking episodes, so slow imports are not paid per episode.
 
+What the sandbox sees of the plugin (`ecdysis.sandbox.view`): its importable code only — the plugin
+module and the modules and packages of its folder that it imports — not the rest of its folder. Task files
+beside the module (text and gold of every split) stay on the host. An environment whose episodes need a
+file declares it in `sandbox_files` (paths absolute or relative to the module's folder: bound read-only at
+the same path); files in `sandbox_hidden` (e.g. task files inside an installed package, which the runtime
+binds whole) are masked with an empty file, declared or not. Prefer passing what an episode needs in the
+task's `public` view (examples/helpdesk does: the initial database), so data files need not enter at all.
+
 So neither harness code nor optimizer roles can read labels through the loop. An episode's
 `tools` are `ToolSpec`s (name, description, JSON-schema `parameters`); the library validates
 arguments against the schema before `step` runs. `grade` receives the final answer and the
@@ -84,7 +92,9 @@ class Episode(Protocol):
 
 class Environment(Protocol):
     """Host side. Optional attributes used by `ecdysis init`: `tools` (tuple of ToolSpec, for a seed
-    harness), `instructions` (policy text for the seed contract), `tool_calling` ("native" | "text")."""
+    harness), `instructions` (policy text for the seed contract), `tool_calling` ("native" | "text").
+    Optional attributes used by the sandbox: `sandbox_files` (files episodes may read, bound read-only;
+    nothing else of the plugin's folder but its code is there) and `sandbox_hidden` (paths masked)."""
 
     name: str
     tool_names: tuple[str, ...]  # tools its episodes can offer
