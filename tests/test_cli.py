@@ -87,28 +87,28 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path, data_dir: Path) -> None:
     (harness / "action.py").write_text("def realize(reply, ctx)\n    pass\n")
     base = ["eval", "--model", "scripted:x", "--data-dir", str(data_dir), "--run-dir", "r", "--limit", "1"]
     out = ecdysis(*base, "--harness", str(harness), cwd=tmp_path)
-    assert out.returncode == 2 and "action.py, line 1: syntax error" in out.stdout
+    assert out.returncode == 2 and "action.py, line 1: syntax error" in out.stderr and not out.stdout
     assert not (tmp_path / "r").exists()  # nothing half-written
     (harness / "harness.toml").unlink()
     out = ecdysis(*base, "--harness", str(harness), cwd=tmp_path)
-    assert out.returncode == 2 and "no harness.toml" in out.stdout
+    assert out.returncode == 2 and "no harness.toml" in out.stderr
     out = ecdysis("eval", "--env", "webshop", "--model", "scripted:x", "--run-dir", "r2", cwd=tmp_path)
-    assert out.returncode == 2 and "unknown environment 'webshop'" in out.stdout
+    assert out.returncode == 2 and "unknown environment 'webshop'" in out.stderr
     out = ecdysis("eval", "--model", "nonsense", "--data-dir", str(data_dir), "--run-dir", "r3", cwd=tmp_path)
-    assert out.returncode == 2 and "Known forms" in out.stdout
+    assert out.returncode == 2 and "Known forms" in out.stderr
     bad = tmp_path / "bad.toml"
     bad.write_text("[eval]\ntrials = 'many'\n")
     out = ecdysis("eval", "-c", str(bad), cwd=tmp_path)
-    assert out.returncode == 2 and "trials" in out.stdout
+    assert out.returncode == 2 and "trials" in out.stderr
     out = ecdysis("chat", "http://127.0.0.1:9/v1::m", "hi", cwd=tmp_path)
-    assert out.returncode == 2 and "cannot reach" in out.stdout
+    assert out.returncode == 2 and "cannot reach" in out.stderr
 
 
 def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data_dir: Path) -> None:
     assert ecdysis("init", "proj", "--env", "gsm8k", cwd=tmp_path).returncode == 0
     sets = ['agent.model="scripted:Answer: 18"', "train.train_limit=3", "train.test_limit=3", "train.rounds=1",
             f'cache.path="{tmp_path / "cache.sqlite"}"', f'run.run_dir="{tmp_path / "cmp"}"']
-    out = ecdysis("compare", "proj/ecdysis.toml", "--arms", "fixed,serial,ecdysis", "--data-dir", str(data_dir),
+    out = ecdysis("compare", "-c", "proj/ecdysis.toml", "--arms", "fixed,serial,ecdysis", "--data-dir", str(data_dir),
                   *[arg for s in sets for arg in ("--set", s)], cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     header = next(line for line in out.stdout.splitlines() if "measure" in line)
@@ -122,7 +122,7 @@ def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data
 def test_init_from_a_plugin_writes_a_native_seed_that_evaluates(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "helpdesk"
     missing = ecdysis("init", str(tmp_path / "x"), "--env", "no_such_module:env", cwd=tmp_path)
-    assert missing.returncode == 2 and "cannot import module 'no_such_module'" in missing.stdout
+    assert missing.returncode == 2 and "cannot import module 'no_such_module'" in missing.stderr
     out = ecdysis("init", str(tmp_path / "proj"), "--env", "helpdesk_env:environment", cwd=example)
     assert out.returncode == 0, out.stdout + out.stderr
     manifest = (tmp_path / "proj" / "harness" / "harness.toml").read_text()
@@ -143,10 +143,138 @@ def test_a_second_process_on_the_same_run_dir_is_refused(tmp_path: Path, data_di
         time.sleep(0.1)
     time.sleep(0.5)
     second = ecdysis(*args[3:], cwd=tmp_path)
-    assert second.returncode == 2 and "is in use by pid" in second.stdout
+    assert second.returncode == 2 and "is in use by pid" in second.stderr
     listing = ecdysis("runs", "list", "--run-dir", "r", cwd=tmp_path)
     assert listing.returncode == 0  # reading is fine while it runs
     first.send_signal(signal.SIGKILL)
     first.wait()
     third = ecdysis(*args[3:], cwd=tmp_path)  # the lock died with the killed process: resume works
     assert third.returncode == 0, third.stdout + third.stderr
+
+
+def scripted_project(tmp_path: Path, folder: str = "proj") -> Path:
+    """A gsm8k project (seed harness, config with run_dir inside it) whose agent always answers 18."""
+    assert ecdysis("init", folder, "--env", "gsm8k", cwd=tmp_path).returncode == 0
+    config = tmp_path / folder / "ecdysis.toml"
+    config.write_text(config.read_text().replace('model = "local:qwen2.5-coder-1.5b"', 'model = "scripted:Answer: 18"'))
+    return config
+
+
+def test_json_output_stays_parseable_and_notices_go_to_stderr(tmp_path: Path, data_dir: Path) -> None:
+    config = scripted_project(tmp_path)
+    out = ecdysis("eval", "-c", str(config), "--limit", "2", "--data-dir", str(data_dir), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)  # nothing but the JSON on stdout
+    assert summary["split"] == "val"  # eval.split defaults to val: test only when asked
+    assert f"new run {summary['run_id']}" in out.stderr
+    again = ecdysis("eval", "-c", str(config), "--limit", "2", "--data-dir", str(data_dir), "--json", cwd=tmp_path)
+    assert json.loads(again.stdout)["run_id"] == summary["run_id"] and f"resuming {summary['run_id']}" in again.stderr
+    tested = json.loads(ecdysis("eval", "-c", str(config), "--limit", "2", "--split", "test", "--data-dir",
+                                str(data_dir), "--json", cwd=tmp_path).stdout)
+    assert tested["split"] == "test" and tested["run_id"] != summary["run_id"]
+    bad = ecdysis("eval", "-c", str(config), "--model", "nonsense", "--json", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stdout == "" and "error:" in bad.stderr
+    shown = ecdysis("show", "-c", str(config), "--json", cwd=tmp_path)  # the config's run dir, the latest run
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["run"]["id"] == tested["run_id"]
+    listed = json.loads(ecdysis("runs", "list", "-c", str(config), "--json", cwd=tmp_path).stdout)
+    assert {r["id"] for r in listed} == {summary["run_id"], tested["run_id"]}
+    nothing = ecdysis("show", "--run-dir", str(tmp_path / "empty"), cwd=tmp_path)
+    assert nothing.returncode == 2 and "holds no run database" in nothing.stderr
+
+
+def test_run_ids_do_not_change_when_the_project_folder_moves(tmp_path: Path, data_dir: Path) -> None:
+    from ecdysis.config import load_config
+    from ecdysis.trainer.api import run_id_for
+
+    (tmp_path / "a").mkdir()
+    config = scripted_project(tmp_path / "a")
+    args = ["eval", "--limit", "2", "--data-dir", str(data_dir), "--json"]
+    first = json.loads(ecdysis(*args, "-c", str(config), cwd=tmp_path).stdout)
+    train_id = run_id_for(load_config(config), "ecdysis")
+    (tmp_path / "a").rename(tmp_path / "b")
+    moved = tmp_path / "b" / "proj" / "ecdysis.toml"
+    out = ecdysis(*args, "-c", str(moved), cwd=tmp_path)
+    assert json.loads(out.stdout)["run_id"] == first["run_id"] and f"resuming {first['run_id']}" in out.stderr
+    assert run_id_for(load_config(moved), "ecdysis") == train_id
+    (tmp_path / "b" / "proj" / "harness" / "contract.md").write_text("Reply with the number only.\n")
+    assert run_id_for(load_config(moved), "ecdysis") != train_id  # another seed harness is another run
+
+
+def test_train_ends_with_the_result_the_diff_and_the_report(tmp_path: Path, data_dir: Path) -> None:
+    config = scripted_project(tmp_path)
+    (tmp_path / "proj" / "harness" / "contract.md").write_text("Solve the problem. End with \\boxed{N}.\n")
+    args = ["train", "-c", str(config), "--model", "scripted:The answer is \\boxed{18}.", "--data-dir", str(data_dir),
+            "--set", "train.train_limit=4", "--set", "train.val_limit=4", "--set", "train.test_limit=4",
+            "--set", "train.rounds=1"]
+    out = ecdysis(*args, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    run_id = next(w for w in out.stderr.split() if w.startswith("train-ecdysis-"))
+    assert f"new run {run_id}" in out.stderr
+    assert "Held-out test" in out.stdout and "What changed" in out.stdout and "round 1:" in out.stdout
+    report = tmp_path / "proj" / "runs" / f"report-{run_id}.html"
+    assert f"Report {report.resolve()}" in out.stdout and report.stat().st_size > 1000
+    tail = out.stdout.strip().splitlines()
+    assert tail[-1].startswith("Report ")
+    again = ecdysis(*args, "--no-report", cwd=tmp_path, timeout=300)
+    assert again.returncode == 0 and f"resuming {run_id}" in again.stderr and "Report " not in again.stdout
+    diff = ecdysis("diff", "-c", str(config), cwd=tmp_path)  # the latest training run, seed -> final
+    assert diff.returncode == 0 and " -> " in diff.stdout, diff.stderr
+    made = ecdysis("report", "-c", str(config), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    assert made.returncode == 0 and (tmp_path / "r.html").exists(), made.stderr
+
+
+def test_compare_takes_the_config_as_c_or_positional(tmp_path: Path) -> None:
+    config = scripted_project(tmp_path)
+    for form in (["-c", str(config)], [str(config)], [str(config), "-c", str(config)]):
+        out = ecdysis("compare", *form, "--arms", "nonsense", cwd=tmp_path)
+        assert out.returncode == 2 and "unknown arm(s) ['nonsense']" in out.stderr, (form, out.stderr)
+    out = ecdysis("compare", "--arms", "fixed", cwd=tmp_path)
+    assert out.returncode == 2 and "compare needs a config" in out.stderr
+    other = tmp_path / "other.toml"
+    other.write_text("")
+    out = ecdysis("compare", str(config), "-c", str(other), cwd=tmp_path)
+    assert out.returncode == 2 and "two configs given" in out.stderr
+
+
+BOOM_ENV = "def environment(data_dir=None, seed=0, **options):\n    raise RuntimeError('boom in the plugin')\n"
+
+
+def test_internal_errors_are_one_line_unless_debug(tmp_path: Path) -> None:
+    (tmp_path / "boom_env.py").write_text(BOOM_ENV)
+    args = ["eval", "--env", "boom_env:environment", "--model", "scripted:x", "--run-dir", "r"]
+    out = ecdysis(*args, cwd=tmp_path)
+    assert out.returncode == 1
+    assert "internal error: RuntimeError: boom in the plugin" in out.stderr and "--debug" in out.stderr
+    assert "Traceback" not in out.stderr and out.stdout == ""
+    for debug in (["--debug", *args], [*args, "--debug"]):
+        out = ecdysis(*debug, cwd=tmp_path)
+        assert out.returncode == 1 and "Traceback (most recent call last)" in out.stderr
+        assert "boom_env.py" in out.stderr and "RuntimeError: boom in the plugin" in out.stderr
+
+
+async def test_the_end_of_train_screen_shows_what_changed_and_the_diff(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from helpers import Roles, add_answer, make_ws
+    from rich.console import Console
+
+    from ecdysis.cli.runs import clipped_diff, finish_train
+    from ecdysis.models import ScriptedModel
+    from ecdysis.trainer import train_async
+
+    ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"), "train.rounds=1")
+    result = await train_async(ws.config, ws=ws)
+    assert result.final_harness_id != result.seed_harness_id  # the scripted roles' repair was accepted
+    buffer = StringIO()
+    path = finish_train(Console(file=buffer, width=200), ws.store, result.run_id)
+    text = buffer.getvalue()
+    assert "round 1: accepted" in text and "enable_repair boxed_answer" in text
+    assert f"Harness diff {result.seed_harness_id[:8]} -> {result.final_harness_id[:8]}" in text
+    assert '+["boxed_answer"]' in text
+    assert f"Held-out test {result.test_before['accuracy']:.3f} (seed) -> {result.test_after['accuracy']:.3f}" in text
+    assert path is not None and path.exists() and text.strip().endswith(str(path))
+    ws.close()
+    lines, left = clipped_diff("\n".join(f"+line {i}" for i in range(30)) + "\n+" + "x" * 400, limit=24)
+    assert len(lines) == 24 and left == 7
+    assert max(map(len, clipped_diff("+" + "x" * 400)[0])) < 160

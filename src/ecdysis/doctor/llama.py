@@ -123,7 +123,7 @@ class ProbeResult:
         return next((r for r in self.records if r.get("stage") == stage), None)
 
 
-def probe_argv(model: str = "smollm2-135m", tokens: int = 600) -> list[str]:
+def probe_argv(model: str = "smollm2-135m", tokens: int = 520) -> list[str]:
     return [sys.executable, "-m", "ecdysis.doctor.probe", "--model", model, "--tokens", str(tokens)]
 
 

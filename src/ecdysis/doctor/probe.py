@@ -1,7 +1,7 @@
 """The long-prompt probe, run as a subprocess: `python -m ecdysis.doctor.probe [--model NAME] [--tokens N]`.
 
 It prints one JSON line as soon as llama-cpp-python is imported (`{"stage": "import", "version",
-"system_info"}`: the CPU features the build uses), then runs a prompt of at least N tokens (default 600;
+"system_info"}`: the CPU features the build uses), then runs a prompt of at least N tokens (default 520;
 long prompts take the batched matrix kernels that a short smoke test never reaches, e.g. AMX tiles)
 through the embedded backend and prints `{"stage": "done", "prompt_tokens", "seconds"}`.
 
@@ -42,7 +42,7 @@ def emit(record: dict[str, object]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=DEFAULT_MODEL, help="catalog name or path to a .gguf")
-    parser.add_argument("--tokens", type=int, default=600, help="minimum prompt tokens")
+    parser.add_argument("--tokens", type=int, default=MIN_TOKENS + 8, help="minimum prompt tokens")
     args = parser.parse_args(argv)
     try:
         import llama_cpp
@@ -60,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     except ModelConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_MODEL
-    request = ChatRequest(messages=[Message(role="user", content=long_prompt(args.tokens // 16 + 2))],
+    from ..models.llama_local import load
+
+    llm = load(model.path, model.n_ctx).llm  # the instance `chat` uses: the prompt is sized with its tokenizer
+    sentences = args.tokens // 20 + 1
+    while len(llm.tokenize(long_prompt(sentences).encode())) < args.tokens:
+        sentences += max(1, sentences // 8)
+    request = ChatRequest(messages=[Message(role="user", content=long_prompt(sentences))],
                           params=GenerationParams(max_tokens=4, temperature=0.0))
     start = time.perf_counter()
     response = asyncio.run(model.chat(request))

@@ -1,0 +1,131 @@
+"""`ecdysis doctor` and the long-prompt probe: every failing check says what to do (failures injected)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from ecdysis.doctor import Check, exit_code, llama, run_checks, system
+from ecdysis.models import local_models
+
+SIGILL_SELF = "import os, signal; os.kill(os.getpid(), signal.SIGILL)"
+IMPORTED = json.dumps({"stage": "import", "version": "0.3.36", "system_info": "CPU : AVX2 = 1 | AMX_INT8 = 1 |"})
+
+
+def doctor_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ecdysis", "doctor", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def test_a_probe_killed_by_sigill_fails_with_the_amx_explanation_and_the_rebuild() -> None:
+    result = llama.run_probe([sys.executable, "-c", SIGILL_SELF])
+    assert result.returncode == -4
+    check = llama.probe_check(result)
+    assert check.status == "fail"
+    assert "SIGILL" in check.detail and "AMX" in check.detail and "-march=native" in check.detail
+    assert "while importing" in check.detail  # it died before printing its first record
+    assert "rm -rf" in check.fix and "make setup" in check.fix and "llama_wheel.sh" in check.fix
+    late = llama.run_probe([sys.executable, "-c", f"print({IMPORTED!r}, flush=True); {SIGILL_SELF}"])
+    assert "on a long prompt" in llama.probe_check(late).detail
+    assert exit_code(llama.llama_checks(probe_argv=[sys.executable, "-c", SIGILL_SELF])) == 1  # setup fails
+
+
+def test_other_probe_endings_each_say_what_to_do() -> None:
+    segv = llama.probe_check(llama.run_probe([sys.executable, "-c", SIGILL_SELF.replace("SIGILL", "SIGSEGV")]))
+    assert segv.status == "fail" and "SIGSEGV" in segv.detail and "make setup" in segv.fix
+    slow = llama.run_probe([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=0.5)
+    assert slow.returncode is None
+    assert "did not finish" in llama.probe_check(slow, 0.5).detail
+    missing = llama.probe_check(llama.run_probe([sys.executable, "-c", "import sys; print('local model x is not "
+                                                 "downloaded', file=sys.stderr); sys.exit(5)"]))
+    assert missing.status == "warn" and "ecdysis models pull smollm2-135m" in missing.fix
+    crashed = llama.probe_check(llama.run_probe([sys.executable, "-c", "raise RuntimeError('ggml says no')"]))
+    assert crashed.status == "fail" and "ggml says no" in crashed.detail and "ecdysis.doctor.probe" in crashed.fix
+    ok = llama.probe_check(llama.ProbeResult(0, [{"stage": "done", "prompt_tokens": 700, "seconds": 2.0}]))
+    assert ok.status == "ok" and "700-token" in ok.detail
+
+
+def test_build_features_are_checked_against_the_cpu() -> None:
+    flags = llama.cpu_flags("processor : 0\nflags : fpu sse pni ssse3 avx avx2 fma f16c bmi2\n")
+    assert {"avx2", "fma", "pni"} <= flags and "avx512f" not in flags
+    portable = "CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | OPENMP = 1 |"
+    assert llama.feature_check(portable, flags, None).status == "ok"
+    native = portable + " AVX512 = 1 | AVX512_VNNI = 1 |"
+    check = llama.feature_check(native, flags, None)
+    assert check.status == "fail" and "AVX512, AVX512_VNNI" in check.detail and "rm -rf" in check.fix
+    amx = portable + " AMX_INT8 = 1 |"
+    amx_flags = flags | {"amx_int8", "amx_tile"}
+    refused = llama.feature_check(amx, amx_flags, amx_ok=False)
+    assert refused.status == "fail" and "does not grant" in refused.detail
+    granted = llama.feature_check(amx, amx_flags, amx_ok=True)
+    assert granted.status == "warn" and "-march=native" in granted.detail and "make setup" in granted.fix
+    assert llama.build_features("CPU : AVX = 1 | AVX2 = 0 |") == {"AVX"}
+
+
+def test_without_bwrap_on_path_the_sandbox_checks_warn_with_the_install_command(tmp_path: Path) -> None:
+    out = doctor_cli("--no-probe", "--json", env={"PATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr  # warnings do not fail
+    checks = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    for name in ("bubblewrap", "user namespaces (sandbox)", "nested namespaces (fork server)"):
+        assert checks[name]["status"] == "warn", checks[name]
+        assert "apt-get install bubblewrap" in checks[name]["fix"]
+    assert "in-process measures" in checks["bubblewrap"]["detail"]
+
+
+def test_missing_and_corrupt_models_say_how_to_pull_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ECDYSIS_MODELS_DIR", str(tmp_path))
+    spec = local_models.CATALOG["qwen2.5-coder-0.5b"]
+    (tmp_path / spec.filename).write_bytes(b"not a gguf")
+    checks = {c.name: c for c in system.models()}
+    smol = checks["model smollm2-135m"]
+    assert smol.status == "warn" and "not downloaded" in smol.detail and "make test" in smol.detail
+    assert smol.fix == "`ecdysis models pull smollm2-135m`"
+    bad = checks["model qwen2.5-coder-0.5b"]
+    assert bad.status == "warn" and "sha256" in bad.detail
+    assert f"rm {tmp_path / spec.filename}" in bad.fix and "ecdysis models pull qwen2.5-coder-0.5b" in bad.fix
+    text = doctor_cli("--no-probe", env={"ECDYSIS_MODELS_DIR": str(tmp_path)}).stdout
+    assert "warn model smollm2-135m" in text and "fix: `ecdysis models pull smollm2-135m`" in text
+
+
+def test_data_dir_check(tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ECDYSIS_DATA_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no download cache either
+    empty = system.data(tmp_path / "nothing")
+    assert empty.status == "warn" and "--data-dir" in empty.fix
+    assert system.data(data_dir).status == "ok"
+    (tmp_path / "half" / "gsm8k").mkdir(parents=True)
+    (tmp_path / "half" / "gsm8k" / "train.jsonl").write_text("")
+    half = system.data(tmp_path / "half")
+    assert half.status == "warn" and "dbbench/dev.jsonl" in half.detail
+
+
+def test_every_warning_and_failure_carries_a_fix() -> None:
+    checks = run_checks(probe_argv=[sys.executable, "-c", SIGILL_SELF])
+    assert exit_code(checks) == 1
+    assert all(c.fix for c in checks if c.status in ("warn", "fail")), [c for c in checks if not c.fix]
+    assert exit_code([Check("x", "warn", "d", "f"), Check("y", "info", "d")]) == 0
+    extras = {c.name: c for c in system.extras()}
+    assert set(extras) == {"extra tau2", "extra ray", "extra gepa"}
+    assert all(c.status == "ok" or "pip install -e '.[" in c.fix for c in extras.values())
+
+
+@pytest.mark.slow
+def test_the_real_probe_runs_a_long_prompt_through_the_embedded_backend(smollm_path: Path) -> None:
+    if find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python not installed")
+    result = llama.run_probe(llama.probe_argv("smollm2-135m", 520))
+    check = llama.probe_check(result)
+    assert check.status == "ok", (check, result.stderr)
+    done = result.record("done")
+    assert done is not None and done["prompt_tokens"] >= 520
+    imported = result.record("import")
+    assert imported is not None
+    features = llama.feature_check(imported["system_info"], llama.cpu_flags(), None)
+    assert features.status == "ok", features  # the portable build: nothing this CPU lacks, no AMX
+    assert not {f for f in llama.build_features(imported["system_info"]) if f.startswith(("AMX", "AVX512"))}
