@@ -114,7 +114,7 @@ class TrainContext:
                              f"(< train.min_val_tasks = {t.min_val_tasks}); use accept_on = 'train' or add val tasks")
         if t.accept_on != "train" and len(val) >= t.min_val_tasks:
             return val, AcceptRule(accept_on="val", tasks=len(val), rule=t.acceptance,
-                                   why="edits are decided on held-out val tasks that no optimizer role sees")
+                                   why="decided on held-out val tasks; optimizer roles see only aggregate val scores")
         why = ("configured" if t.accept_on == "train"
                else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
         return [], AcceptRule(accept_on="train", tasks=len(self.train_tasks), rule=t.acceptance, why=why)
