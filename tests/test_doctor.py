@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -129,3 +130,27 @@ def test_the_real_probe_runs_a_long_prompt_through_the_embedded_backend(smollm_p
     features = llama.feature_check(imported["system_info"], llama.cpu_flags(), None)
     assert features.status == "ok", features  # the portable build: nothing this CPU lacks, no AMX
     assert not {f for f in llama.build_features(imported["system_info"]) if f.startswith(("AMX", "AVX512"))}
+
+
+AMX_SOURCE = """
+void tiles(void) { __asm__ volatile ("tilerelease"); }
+void wide(void) { __asm__ volatile ("vpxord %zmm0, %zmm0, %zmm0"); }
+"""
+
+
+@pytest.mark.skipif(not (shutil.which("cc") and shutil.which("objdump")), reason="needs cc and objdump")
+def test_the_machine_code_check_finds_amx_and_avx512_in_a_library(tmp_path: Path) -> None:
+    source = tmp_path / "k.c"
+    source.write_text(AMX_SOURCE)
+    library = tmp_path / "libggml-cpu.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    assert llama.disassembly_counts(library) == {"amx": 1, "zmm": 1}
+    avx2_only = {"avx", "avx2", "fma"}
+    wide = llama.code_check(library, avx2_only, None)
+    assert wide.status == "fail" and "AVX-512" in wide.detail and "rm -rf" in wide.fix
+    tiles = llama.code_check(library, avx2_only | {"avx512f", "amx_tile"}, amx_ok=False)
+    assert tiles.status == "fail" and "1 AMX tile instructions" in tiles.detail
+    assert llama.code_check(library, avx2_only | {"avx512f", "amx_tile"}, amx_ok=True).status == "warn"
+    installed = llama.cpu_library()
+    if installed is not None:  # the portable build itself: neither
+        assert llama.code_check(installed, llama.cpu_flags(), None).status == "ok"

@@ -109,6 +109,57 @@ def feature_check(system_info: str, flags: set[str], amx_ok: bool | None) -> Che
     return Check(name, "ok", f"{shown}; all supported by this CPU")
 
 
+AMX_OPS = ("tileloadd", "tileloaddt1", "tilestored", "ldtilecfg", "sttilecfg", "tilezero", "tdpbssd", "tdpbsud",
+           "tdpbusd", "tdpbuud", "tdpbf16ps", "tdpfp16ps", "tilerelease")
+
+
+def cpu_library() -> Path | None:
+    """llama.cpp's CPU backend library inside the installed llama_cpp package (not imported), if there is one."""
+    from importlib.util import find_spec
+
+    spec = find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    found = sorted(Path(spec.submodule_search_locations[0], "lib").glob("libggml-cpu.so*"))
+    return found[0] if found else None
+
+
+def disassembly_counts(library: Path) -> dict[str, int] | None:
+    """AMX tile instructions and instructions on AVX-512 (zmm) registers in `library`'s code (objdump -d), or None without objdump."""
+    import shutil
+
+    exe = shutil.which("objdump")
+    if exe is None:
+        return None
+    try:
+        text = subprocess.run([exe, "-d", "--no-show-raw-insn", str(library)], capture_output=True, text=True,
+                              timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = text.splitlines()
+    amx = sum(1 for line in lines if line.split("\t")[-1].split(" ")[0] in AMX_OPS)
+    return {"amx": amx, "zmm": sum(1 for line in lines if "%zmm" in line)}
+
+
+def code_check(library: Path | None, flags: set[str], amx_ok: bool | None) -> Check:
+    """What the CPU backend's machine code uses, read from the library itself (the build flags can say less)."""
+    name = "llama.cpp build: machine code"
+    counts = disassembly_counts(library) if library is not None else None
+    if counts is None:
+        return Check(name, "info", "not read (no objdump, or no libggml-cpu in llama_cpp/lib)")
+    if counts["zmm"] and "avx512f" not in flags:
+        return Check(name, "fail", f"{library.name} uses AVX-512 registers ({counts['zmm']} places) and this CPU has "
+                     "no AVX-512", rebuild_fix())
+    if counts["amx"] and (amx_ok is False or "amx_tile" not in flags):
+        return Check(name, "fail", f"{library.name} holds {counts['amx']} AMX tile instructions (tileloadd, ...) that "
+                     "this CPU/OS cannot run", rebuild_fix())
+    if counts["amx"]:
+        return Check(name, "warn", f"{library.name} holds {counts['amx']} AMX tile instructions: a -march=native "
+                     "build, which faults on a machine without usable AMX", rebuild_fix())
+    return Check(name, "ok", f"{library.name}: no AMX tile instruction, "
+                 + ("no AVX-512 register" if not counts["zmm"] else f"AVX-512 in {counts['zmm']} places (CPU has it)"))
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """How the probe subprocess ended: its exit status (negative: killed by that signal; None: timed out),
@@ -198,5 +249,6 @@ def llama_checks(probe_argv: Sequence[str] | None = None, timeout_s: float = 600
         checks.append(Check("llama.cpp build", "ok", f"llama-cpp-python {imported.get('version')}"
                             + (f" from {wheel}" if wheel else " (not from scripts/llama_wheel.sh)")))
         checks.append(feature_check(str(imported.get("system_info", "")), flags, amx_ok))
+        checks.append(code_check(cpu_library(), flags, amx_ok))
     checks.append(probe_check(result, timeout_s))
     return checks
