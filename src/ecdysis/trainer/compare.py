@@ -1,59 +1,66 @@
-"""`ecdysis compare`: every arm on the same tasks, models, cache and store, with ratios from recorded numbers.
+"""`ecdysis compare`: every arm on the same tasks, models, cache, store and shared training budget.
 
-Arms: direct (bare harness), fixed (seed, never changed), serial (per-failure search), aggregate
-(aggregation + one analyst), ecdysis (aggregation + FDCR), best-of-k (the fixed harness sampled k
-times per test task, majority vote without gold; k matches the ecdysis arm's agent token spend).
+Arms are objects built from an explicit config (`build_arms`); no arm changes the workspace's config.
+direct (bare harness), fixed (seed, never changed), serial (per-failure search), aggregate (aggregation +
+one analyst), ecdysis (aggregation + FDCR), gepa (GEPA through the `gepa` package), best-of-k (the fixed
+harness sampled k times per test task, majority vote without gold). The training arms share
+`train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
+floor(ecdysis's training spend / one sampled pass over the test tasks), both in agent tokens
+(prompt + completion as the model reported them): the spend counts the fresh (non-response-cache) calls of
+ecdysis's training evaluations, its test passes excluded; the pass is one probe pass of the sampled
+harness. k is capped at `eval.best_of_k_max`; the result keeps the uncapped k.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import math
-import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Any
 
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
-from ..runner.runner import EvalSummary
 from ..workspace import Workspace
 from .api import ARMS_WITH_TRAINER, config_key, train_async
+from .compare_results import ArmResult, add_ratios, write_results
+from .gepa_arm import cached, train_gepa, training_spend
+from .records import CurvePoint
 
-ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "best-of-k")
-BEST_OF_K_MAX = 8
-BEST_OF_K_TEMPERATURE = 0.7
+__all__ = ["ARMS", "ArmResult", "Arm", "build_arms", "compare", "write_results"]
+ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "gepa", "best-of-k")
 
 
 @dataclass
-class ArmResult:
-    arm: str
-    seed: int
-    train_wall_s: float = 0.0
-    agent_executions: int = 0
-    optimizer_calls: int = 0
-    optimizer_tokens: int = 0
-    agent_tokens: int = 0
-    accepted_edits: int = 0
-    rejected_edits: int = 0
-    train_acc: float = 0.0
-    val_acc: float | None = None
-    test_acc: float = 0.0
-    pass_at_k: float = 0.0
-    pass_hat_k: float = 0.0
-    gap: float = 0.0
-    k: int = 1
-    harness_id: str = ""
-    transfer_acc: float | None = None
-    speedup_vs_serial: float | None = None
-    executions_ratio_vs_serial: float | None = None
-    test_gain_vs_fixed: float | None = None  # relative: test / fixed test - 1
-    test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
-    test_gain_vs_serial: float | None = None
-    prefix_cache_rate: float | None = None  # prompt tokens the backends served from their prefix cache (training)
+class Context:
+    """What one seed's arms share: the workspace, the transfer model, ecdysis's spend (for best-of-k)."""
+
+    ws: Workspace
+    transfer_model: str | None = None
+    ecdysis_spend: int | None = None
+
+
+@dataclass
+class Arm:
+    """One arm of a compare, with its own config (per-arm cache scope); `run` returns its result and the
+    harness it froze."""
+
+    name: str
+    config: Config
+
+    async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
+        raise NotImplementedError
+
+
+def arm_config(config: Config, arm: str) -> Config:
+    """A copy of `config` for one arm: when `cache.isolate_arms`, a cache scope per arm, seed and config, so a
+    rerun of the same compare resumes from its own entries and another config pays for its training again."""
+    cfg = config.model_copy(deep=True)
+    if cfg.cache.isolate_arms:
+        cfg.cache.training_scope = f"{arm}/seed{cfg.run.seed}/{config_key(config, length=8)}"
+    return cfg
 
 
 def bare_harness(env: str) -> HarnessVersion:
@@ -63,142 +70,193 @@ def bare_harness(env: str) -> HarnessVersion:
     return version_from_files({"harness.toml": manifest}, origin="direct")
 
 
-def majority_vote_accuracy(ws: Workspace, summary: EvalSummary, tasks: dict[str, Any]) -> float:
-    """Select one outcome per task by majority over (answer, final state); no gold is used to select."""
-    by_task: dict[str, list[Any]] = {}
-    for t in ws.store.trajectories(summary.eval_id):
-        by_task.setdefault(t.task_id, []).append(t)
+def _decisions(curve: list[CurvePoint]) -> tuple[int, int]:
+    """(accepted, rejected) decisions read off a curve (step 0 is the seed, not a decision)."""
+    steps = [p for p in curve if p.step > 0]
+    return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
+
+
+@dataclass
+class BaselineArm(Arm):
+    """direct / fixed: the bare or the seed harness evaluated on train and test, never changed."""
+
+    async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
+        ws, cfg = ctx.ws, self.config
+        run_id = ws.store.start_run("compare-arm", {"arm": self.name, "seed": cfg.run.seed},
+                                    run_id=f"{self.name}-seed{cfg.run.seed}-{config_key(cfg, length=8)}")
+        version = bare_harness(cfg.env.name) if self.name == "direct" else ws.harness()
+        runner = ws.runner(run_id)
+        train = await runner.evaluate(version, ws.tasks("train", cfg.train.train_limit), cfg.train.train_trials,
+                                      "train", "train")
+        test = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), cfg.eval.trials, "test", "test")
+        return ArmResult(self.name, cfg.run.seed, train_acc=train.accuracy, test_acc=test.accuracy,
+                         gap=train.accuracy - test.accuracy, pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k,
+                         harness_id=version.id), version
+
+
+@dataclass
+class TrainerArm(Arm):
+    """serial / aggregate / ecdysis: the training engine with this arm's config."""
+
+    async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
+        ws, cfg = ctx.ws, self.config
+        result = await train_async(cfg, self.name, ws=ws)
+        curve = sorted(result.curve, key=lambda p: p.step)
+        if curve:
+            accepted, rejected = _decisions(curve)
+        else:  # a run recorded before curves existed
+            edits = [e for r in result.rounds for e in r.attempts()]
+            accepted, rejected = sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
+        test = result.test_after or {}
+        train_after = result.train_after
+        sent = sum(p for p, _ in result.prompt_cache.values())
+        out = ArmResult(
+            self.name, cfg.run.seed, result.wall_s, result.agent_executions,
+            result.cached_executions, result.optimizer_calls, result.optimizer_tokens,
+            training_spend(ws, result.run_id)[2], accepted, rejected, train_acc=train_after, val_acc=result.val_after,
+            test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
+            pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id,
+            stop_reason=result.stop_reason, curve=curve,
+            prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
+        out.gap = None if train_after is None else train_after - out.test_acc
+        return out, ws.store.load_version(result.final_harness_id)
+
+
+@dataclass
+class GepaArm(Arm):
+    """gepa: GEPA's own loop through our runner (trainer/gepa_arm.py)."""
+
+    async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
+        ws, cfg = ctx.ws, self.config
+        r = await train_gepa(cfg, ws)
+        test = r.test_after or {}
+        out = ArmResult(self.name, cfg.run.seed, r.wall_s, r.agent_executions, r.cached_executions,
+                        r.optimizer_calls, r.optimizer_tokens, r.agent_tokens, r.accepted, r.rejected,
+                        train_acc=None, val_acc=r.val_after, test_acc=test.get("accuracy", 0.0),
+                        pass_at_k=test.get("pass_at_k", 0.0), pass_hat_k=test.get("pass_hat_k", 0.0),
+                        harness_id=r.final_harness_id, stop_reason=r.stop_reason, curve=r.curve)
+        return out, ws.store.load_version(r.final_harness_id)
+
+
+def best_of_k(spend: int, per_trial: int) -> int:
+    """k = floor(spend / per_trial), at least 1 (a pass that cost nothing, or no spend, gives k = 1)."""
+    return max(1, math.floor(spend / per_trial)) if per_trial > 0 else 1
+
+
+def majority_vote(outcomes: list[Hashable]) -> Hashable | None:
+    """The most frequent outcome; ties go to the one seen first (trial order); None when there are none."""
+    return Counter(outcomes).most_common(1)[0][0] if outcomes else None
+
+
+def episode_tokens(trajectories: list[Trajectory]) -> int:
+    """Agent tokens the episodes' calls cost as the model reported them (a response-cache hit reports the
+    original call's usage: what running the episode fresh costs)."""
+    return sum(int((e.get("usage") or {}).get("prompt_tokens", 0)) + int((e.get("usage") or {}).get(
+        "completion_tokens", 0)) for t in trajectories for e in t.of_kind("model"))
+
+
+def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[str, Any]) -> float:
+    """Accuracy when each task's outcome is the majority (answer, final state) of its trials; no gold is
+    used to select. Infra-lost episodes do not vote."""
+    by_task: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if t.termination != INFRA_ERROR:
+            by_task.setdefault(t.task_id, []).append(t)
     correct = 0
     for task_id, trajs in by_task.items():
-        votes = Counter((t.final_answer, json.dumps(t.final_state, sort_keys=True)) for t in trajs
-                        if t.final_answer is not None or t.final_state)
-        if not votes:
-            continue
-        (answer, state), _ = votes.most_common(1)[0]
-        correct += ws.env.grade(tasks[task_id], answer, json.loads(state)).passed
+        vote = majority_vote([(t.final_answer, json.dumps(t.final_state, sort_keys=True)) for t in
+                              sorted(trajs, key=lambda t: t.trial) if t.final_answer is not None or t.final_state])
+        if vote is not None:
+            answer, state = vote  # type: ignore[misc]
+            correct += ws.env.grade(tasks[task_id], answer, json.loads(state)).passed
     return correct / len(by_task) if by_task else 0.0
 
 
-async def _evaluate_fixed(ws: Workspace, version: HarnessVersion, run_id: str) -> tuple[EvalSummary, EvalSummary]:
-    runner = ws.runner(run_id)
-    cfg = ws.config
-    start = time.perf_counter()
-    train = await runner.evaluate(version, ws.tasks("train", cfg.train.train_limit), cfg.train.train_trials,
-                                  "train", "train")
-    ws.store.put_record(run_id, "timing", "train", time.perf_counter() - start)
-    test = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), cfg.eval.trials, "test", "test")
-    return train, test
+@dataclass
+class BestOfKArm(Arm):
+    """best-of-k: the fixed harness sampled k times per test task (test-time scaling at ecdysis's spend)."""
+
+    async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
+        ws, cfg = ctx.ws, self.config
+        run_id = ws.store.start_run("compare-arm", {"arm": self.name, "seed": cfg.run.seed},
+                                    run_id=f"{self.name}-seed{cfg.run.seed}-{config_key(cfg, length=8)}")
+        seed = ws.harness()
+        sampled = seed.with_files({"harness.toml": set_manifest_value(
+            seed.files["harness.toml"], "generation", "temperature", cfg.eval.best_of_k_temperature)})
+        tasks = ws.tasks("test", cfg.train.test_limit)
+        runner = ws.runner(run_id)
+        probe = await runner.evaluate(sampled, tasks, 1, "test", "test-probe")
+        per_trial = episode_tokens(ws.store.trajectories(probe.eval_id))
+        if ctx.ecdysis_spend is None:
+            ws.store.put_record(run_id, "note", "best-of-k", "no ecdysis arm ran before best-of-k: k = 1, "
+                                "not matched to a training spend")
+        k_uncapped = best_of_k(ctx.ecdysis_spend or 0, per_trial)
+        k = min(k_uncapped, cfg.eval.best_of_k_max)
+        summary = await runner.evaluate(sampled, tasks, k, "test", "test")
+        voted = [t for t in ws.store.trajectories(summary.eval_id) if t.termination != INFRA_ERROR]
+        trajectories = [t for t in ws.store.trajectories(probe.eval_id) if t.termination != INFRA_ERROR] + voted
+        ran = sum(not cached(t) for t in trajectories)  # the probe's episodes are reused as trial 0 (cache hits)
+        result = ArmResult(
+            self.name, cfg.run.seed, agent_executions=ran, cached_executions=len(trajectories) - ran,
+            agent_tokens=episode_tokens([t for t in trajectories if not cached(t)]),
+            test_acc=voted_accuracy(ws, voted, {t.id: t for t in tasks}), pass_at_k=summary.pass_at_k,
+            pass_hat_k=summary.pass_hat_k, k=k, k_uncapped=k_uncapped, harness_id=sampled.id,
+            stop_reason=(f"k capped at eval.best_of_k_max = {cfg.eval.best_of_k_max} (uncapped {k_uncapped})"
+                         if k < k_uncapped else ""))
+        return result, sampled
 
 
-async def run_arm(ws: Workspace, arm: str, seed: int, ecdysis_tokens: int | None = None,
-                  transfer_model: str | None = None) -> tuple[ArmResult, HarnessVersion]:
-    cfg = ws.config
-    if arm in ARMS_WITH_TRAINER:
-        arm_cfg = cfg.model_copy(deep=True)
-        if cfg.cache.isolate_arms:
-            # per arm, seed and config: a rerun of the same compare resumes from its own cache entries,
-            # another config (or code that changed the prompts) pays for its training again
-            arm_cfg.cache.training_scope = f"{arm}/seed{seed}/{config_key(cfg, length=8)}"
-        ws.config = arm_cfg
-        try:
-            result = await train_async(arm_cfg, arm, ws=ws)
-        finally:
-            ws.config = cfg
-        edits = [e for r in result.rounds for e in r.attempts()]
-        accepted = sum(e.accepted for e in edits)
-        test = result.test_after or {}
-        out = ArmResult(arm, seed, result.wall_s, result.agent_executions, result.optimizer_calls,
-                        result.optimizer_tokens, result.agent_tokens, accepted, len(edits) - accepted,
-                        result.train_after, test.get("accuracy", 0.0), test.get("pass_at_k", 0.0),
-                        test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id)
-        out.val_acc = result.val_after
-        sent = sum(p for p, _ in result.prompt_cache.values())
-        out.prefix_cache_rate = sum(c for _, c in result.prompt_cache.values()) / sent if sent else None
-        version = ws.store.load_version(result.final_harness_id)
-    else:
-        run_id = ws.store.start_run("compare-arm", {"arm": arm, "seed": seed},
-                                    run_id=f"{arm}-seed{seed}-{config_key(cfg, length=8)}")
-        version = bare_harness(cfg.env.name) if arm == "direct" else ws.harness()
-        if arm == "best-of-k":
-            fixed_test = ws.tasks("test", cfg.train.test_limit)
-            probe = await ws.runner(run_id).evaluate(version, fixed_test, 1, "test", "test-probe")
-            per_trial = max(probe.prompt_tokens + probe.completion_tokens, 1)
-            k = max(1, min(BEST_OF_K_MAX, math.floor((ecdysis_tokens or per_trial) / per_trial)))
-            sampled = version.with_files({"harness.toml": set_manifest_value(
-                version.files["harness.toml"], "generation", "temperature", BEST_OF_K_TEMPERATURE)})
-            if ecdysis_tokens is None:
-                ws.store.put_record(run_id, "note", "best-of-k", "no ecdysis arm ran before best-of-k: k is set "
-                                    "from one probe pass of the fixed harness (k = 1), not from a matched budget")
-            summary = await ws.runner(run_id).evaluate(sampled, fixed_test, k, "test", "test")
-            acc = majority_vote_accuracy(ws, summary, {t.id: t for t in fixed_test})
-            out = ArmResult(arm, seed, agent_executions=0,
-                            agent_tokens=summary.prompt_tokens + summary.completion_tokens,
-                            test_acc=acc, pass_at_k=summary.pass_at_k, pass_hat_k=summary.pass_hat_k, k=k,
-                            harness_id=sampled.id)
-        else:
-            train, test = await _evaluate_fixed(ws, version, run_id)
-            out = ArmResult(arm, seed, agent_executions=0,
-                            agent_tokens=test.prompt_tokens + test.completion_tokens + train.prompt_tokens
-                            + train.completion_tokens, train_acc=train.accuracy, test_acc=test.accuracy,
-                            pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k, harness_id=version.id)
-    out.gap = out.train_acc - out.test_acc if arm != "best-of-k" else 0.0
-    if transfer_model:
-        runner = ws.runner(f"transfer-{arm}-seed{seed}", model_ref=transfer_model)
-        ws.store.start_run("transfer", {"arm": arm, "model": transfer_model}, run_id=f"transfer-{arm}-seed{seed}")
-        summary = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), 1, "test", "transfer")
-        out.transfer_acc = summary.accuracy
-    return out, version
+ARM_CLASSES: dict[str, type[Arm]] = {"direct": BaselineArm, "fixed": BaselineArm, "serial": TrainerArm,
+                                     "aggregate": TrainerArm, "ecdysis": TrainerArm, "gepa": GepaArm,
+                                     "best-of-k": BestOfKArm}
 
 
-def add_ratios(results: list[ArmResult]) -> None:
-    """Ratios against `serial` (speed-up) and `fixed` (gain), per seed, from the recorded numbers."""
-    for r in results:
-        peers = {p.arm: p for p in results if p.seed == r.seed}
-        serial, fixed = peers.get("serial"), peers.get("fixed")
-        if serial and r.train_wall_s > 0 and r.arm not in ("fixed", "direct", "best-of-k"):
-            r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
-            r.executions_ratio_vs_serial = serial.agent_executions / max(r.agent_executions, 1)
-        if fixed:
-            r.test_delta_vs_fixed = r.test_acc - fixed.test_acc
-        if fixed and fixed.test_acc > 0:
-            r.test_gain_vs_fixed = r.test_acc / fixed.test_acc - 1
-        if serial and serial.test_acc > 0:
-            r.test_gain_vs_serial = r.test_acc / serial.test_acc - 1
-
-
-def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = [asdict(r) for r in results]
-    json_path, csv_path = directory / "compare.json", directory / "compare.csv"
-    json_path.write_text(json.dumps(rows, indent=1))
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    return json_path, csv_path
+def build_arms(config: Config, names: list[str]) -> list[Arm]:
+    """The named arms in run order (best-of-k after ecdysis: its k needs ecdysis's spend), each with its
+    own config copy. ValueError for an unknown name."""
+    unknown = [a for a in names if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
+    assert set(ARMS_WITH_TRAINER) <= set(ARMS)
+    return [ARM_CLASSES[a](a, arm_config(config, a)) for a in ARMS if a in names]
 
 
 async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_model: str | None = None,
                   open_workspace: Callable[[Config], Workspace] = Workspace.open) -> list[ArmResult]:
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
-    ordered = [a for a in ARMS if a in arms]
-    if "best-of-k" in ordered and "ecdysis" in ordered:  # best-of-k's k needs the ecdysis arm's spend
-        ordered.remove("best-of-k")
-        ordered.append("best-of-k")
+    """Every arm for each of `seeds` seeds (run.seed, +1, ...); results with ratios and curve-read times."""
+    build_arms(config, arms)  # names checked before anything runs
     results: list[ArmResult] = []
-    for seed in range(seeds):
+    for offset in range(seeds):
         cfg = config.model_copy(deep=True)
-        cfg.run.seed = config.run.seed + seed
+        cfg.run.seed = config.run.seed + offset
         ws = open_workspace(cfg)
-        spend: int | None = None
-        for arm in ordered:
-            result, _ = await run_arm(ws, arm, cfg.run.seed, spend, transfer_model)
-            if arm == "ecdysis":
-                spend = result.agent_tokens
-            results.append(result)
-            ws.store.put_record("compare", "arm", f"{arm}/seed{cfg.run.seed}", asdict(result))
-        ws.close()
-    add_ratios(results)
+        ctx = Context(ws, transfer_model)
+        seed_results: list[ArmResult] = []
+        try:
+            for arm in build_arms(cfg, arms):
+                result, version = await arm.run(ctx)
+                if arm.name == "ecdysis":
+                    ctx.ecdysis_spend = result.agent_tokens
+                if transfer_model:
+                    result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
+                seed_results.append(result)
+            add_ratios(seed_results)  # ratios are per seed
+            for result in seed_results:  # the report reads these
+                key = f"{result.arm}/seed{result.seed}"
+                ws.store.put_record("compare", "arm", key, result.row())
+                ws.store.put_record("compare", "curve", key, [p.model_dump(mode="json") for p in result.curve])
+        finally:
+            ws.close()
+        results += seed_results
     return results
+
+
+async def _transfer(ws: Workspace, arm: Arm, version: HarnessVersion, model: str) -> float:
+    """Test accuracy of the arm's frozen harness with a second agent model."""
+    seed = arm.config.run.seed
+    run_id = f"transfer-{arm.name}-seed{seed}"
+    ws.store.start_run("transfer", {"arm": arm.name, "model": model}, run_id=run_id)
+    summary = await ws.runner(run_id, model_ref=model).evaluate(
+        version, ws.tasks("test", arm.config.train.test_limit), 1, "test", "transfer")
+    return summary.accuracy
+

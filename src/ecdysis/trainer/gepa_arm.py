@@ -188,7 +188,7 @@ class GepaRun:
         return self.wall_before + time.perf_counter() - self.start
 
     def point(self, step: int, harness_id: str, val: float, accepted: bool, only_new: bool = False) -> None:
-        key = f"{step:04d}"
+        key = f"curve/{step:04d}"  # as the engine keys its points
         if only_new and records.load(self.ws.store, self.run_id, CurvePoint, key) is not None:
             return
         a = self.adapter

@@ -1,0 +1,235 @@
+"""What `compare` measures and writes: one typed row per arm and seed, ratios from recorded numbers, times
+read off the training curves, mean ± 95% CI over seeds (Student t), and the CSV/JSON files.
+
+Times from curves (`records.CurvePoint`, wall time and agent executions are cumulative training costs):
+*time to the final harness* is the wall time of the first point whose harness is the arm's final one;
+*time to serial's accuracy* is the first point whose score (val; train where the run had no val split)
+reaches the final score of the serial arm of the same seed. Ratios are serial's number over the arm's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import mean, stdev
+
+from rich.table import Table
+
+from .records import CurvePoint
+
+CONFIDENCE = 0.95
+TRAINED = ("serial", "aggregate", "ecdysis", "gepa")  # arms with a training curve
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    seed: int
+    train_wall_s: float = 0.0
+    agent_executions: int = 0  # episodes actually run for training (best-of-k: its test-time samples)
+    cached_executions: int = 0  # episodes served entirely from the response cache
+    optimizer_calls: int = 0
+    optimizer_tokens: int = 0
+    agent_tokens: int = 0  # fresh agent tokens of training (best-of-k: of its samples); test passes excluded
+    accepted_edits: int = 0
+    rejected_edits: int = 0
+    train_acc: float | None = None  # None: the final harness was not evaluated on the whole train split
+    val_acc: float | None = None
+    test_acc: float = 0.0
+    pass_at_k: float = 0.0
+    pass_hat_k: float = 0.0
+    gap: float | None = None  # train - test
+    k: int = 1
+    k_uncapped: int | None = None  # best-of-k: floor(spend / per trial) before the cap (> k: it was capped)
+    harness_id: str = ""
+    stop_reason: str = ""
+    transfer_acc: float | None = None
+    speedup_vs_serial: float | None = None  # serial's training wall time / this arm's
+    executions_ratio_vs_serial: float | None = None
+    time_to_final_s: float | None = None
+    time_to_serial_acc_s: float | None = None  # None: never reached serial's final score
+    executions_to_serial_acc: int | None = None
+    speedup_to_serial_acc: float | None = None  # serial's time to its final score / this arm's time to it
+    test_gain_vs_fixed: float | None = None  # relative: test / fixed test - 1
+    test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
+    test_gain_vs_serial: float | None = None
+    prefix_cache_rate: float | None = None  # prompt tokens the backends served from their prefix cache (training)
+    curve: list[CurvePoint] = field(default_factory=list, repr=False)
+
+    def row(self) -> dict[str, object]:
+        """The flat row written to compare.csv / compare.json (the curve goes to curves.csv)."""
+        return {k: v for k, v in asdict(self).items() if k != "curve"}
+
+
+# ---- statistics -------------------------------------------------------------------------------------------
+
+def t_two_sided_mass(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer `df` >= 1 (Abramowitz & Stegun 26.7.3-4, exact)."""
+    theta = math.atan(t / math.sqrt(df))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if df == 1:
+        return 2 * theta / math.pi
+    term, total = 1.0, 1.0
+    if df % 2 == 0:  # sin(theta) * (1 + 1/2 c^2 + 1.3/(2.4) c^4 + ... up to c^(df-2))
+        for j in range(2, df - 1, 2):
+            term *= c2 * (j - 1) / j
+            total += term
+        return s * total
+    for j in range(3, df - 1, 2):  # (2/pi)(theta + sin cos (1 + 2/3 c^2 + 2.4/(3.5) c^4 + ... up to c^(df-3)))
+        term *= c2 * (j - 1) / j
+        total += term
+    return 2 / math.pi * (theta + s * math.cos(theta) * total)
+
+
+def t_critical(df: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided critical value t* with P(|T| <= t*) = confidence (bisection on the exact CDF)."""
+    if df < 1:
+        raise ValueError("the t distribution needs df >= 1")
+    lo, hi = 0.0, 1.0
+    while t_two_sided_mass(hi, df) < confidence:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_mass(mid, df) < confidence else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of n values with the half-width of its confidence interval (None with fewer than 2 values)."""
+
+    mean: float
+    half_width: float | None
+    n: int
+
+    def __str__(self) -> str:
+        digits = 3 if abs(self.mean) < 10 else 0
+        text = f"{self.mean:.{digits}f}"
+        return text if self.half_width is None else f"{text} ± {self.half_width:.{digits}f}"
+
+
+def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> Interval | None:
+    """Mean ± t(confidence, n-1) * s / sqrt(n) of the values; None when there are none."""
+    if not values:
+        return None
+    if len(values) == 1:
+        return Interval(values[0], None, 1)
+    half = t_critical(len(values) - 1, confidence) * stdev(values) / math.sqrt(len(values))
+    return Interval(mean(values), half, len(values))
+
+
+# ---- curves and ratios ------------------------------------------------------------------------------------
+
+def score(point: CurvePoint) -> float | None:
+    return point.val_score if point.val_score is not None else point.train_score
+
+
+def time_to_harness(curve: list[CurvePoint], harness_id: str) -> float | None:
+    return next((p.wall_s for p in curve if p.harness_id == harness_id), None)
+
+
+def first_reaching(curve: list[CurvePoint], target: float) -> CurvePoint | None:
+    """The first point whose score reaches `target` (1e-9 tolerance), None when none does."""
+    return next((p for p in curve if (s := score(p)) is not None and s >= target - 1e-9), None)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def add_ratios(results: list[ArmResult]) -> None:
+    """Per seed: ratios against `serial` (speed-up) and `fixed` (gain), and the curve-read times."""
+    for r in results:
+        peers = {p.arm: p for p in results if p.seed == r.seed}
+        serial, fixed = peers.get("serial"), peers.get("fixed")
+        if r.curve:
+            r.time_to_final_s = time_to_harness(r.curve, r.harness_id)
+        if serial and serial.curve and r.curve and (target := score(serial.curve[-1])) is not None:
+            reached, serial_reached = first_reaching(r.curve, target), first_reaching(serial.curve, target)
+            r.time_to_serial_acc_s = reached.wall_s if reached else None
+            r.executions_to_serial_acc = reached.agent_executions if reached else None
+            r.speedup_to_serial_acc = _ratio(serial_reached.wall_s if serial_reached else None,
+                                             r.time_to_serial_acc_s)
+        if serial and r.train_wall_s > 0 and r.arm in TRAINED:
+            r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
+            r.executions_ratio_vs_serial = serial.agent_executions / max(r.agent_executions, 1)
+        if fixed:
+            r.test_delta_vs_fixed = r.test_acc - fixed.test_acc
+        if fixed and fixed.test_acc > 0:
+            r.test_gain_vs_fixed = r.test_acc / fixed.test_acc - 1
+        if serial and serial.test_acc > 0:
+            r.test_gain_vs_serial = r.test_acc / serial.test_acc - 1
+
+
+SUMMARY = (("test_acc", "test acc"), ("train_wall_s", "train wall s"), ("agent_executions", "agent executions"),
+           ("optimizer_tokens", "optimizer tokens"), ("speedup_vs_serial", "speed-up vs serial"),
+           ("time_to_final_s", "s to final harness"), ("time_to_serial_acc_s", "s to serial's final acc"),
+           ("speedup_to_serial_acc", "speed-up to serial's acc"))
+
+
+def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
+    """Per arm (in run order): each SUMMARY measure's mean, CI half-width and n over its seeds (None values,
+    e.g. an arm that never reached serial's accuracy, are left out of n)."""
+    out = []
+    for arm in dict.fromkeys(r.arm for r in results):
+        rows = [r for r in results if r.arm == arm]
+        entry: dict[str, object] = {"arm": arm, "seeds": len(rows), "confidence": CONFIDENCE}
+        for key, _ in SUMMARY:
+            ci = mean_ci([float(v) for r in rows if (v := getattr(r, key)) is not None])
+            entry[key] = None if ci is None else ci.mean
+            entry[f"{key}_ci"] = None if ci is None else ci.half_width
+            entry[f"{key}_n"] = 0 if ci is None else ci.n
+        out.append(entry)
+    return out
+
+
+def summary_table(results: list[ArmResult]) -> Table:
+    """Mean ± 95% CI per arm over seeds (the terminal table printed after the per-seed one)."""
+    seeds = max((len({r.seed for r in results if r.arm == a}) for a in {r.arm for r in results}), default=0)
+    table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seed(s) (Student t)")
+    table.add_column("arm")
+    for _, name in SUMMARY:
+        table.add_column(name, justify="right")
+    for entry in summarize(results):
+        cells = []
+        for key, _ in SUMMARY:
+            m, h, n = entry[key], entry[f"{key}_ci"], entry[f"{key}_n"]
+            cell = "–" if m is None else str(Interval(float(m), None if h is None else float(h), int(n)))
+            cells.append(cell + (f" (n={n})" if m is not None and n != entry["seeds"] else ""))
+        table.add_row(str(entry["arm"]), *cells)
+    return table
+
+
+# ---- files ------------------------------------------------------------------------------------------------
+
+CURVE_FIELDS = ("arm", "seed", "step", "harness_id", "val_score", "train_score", "wall_s", "agent_executions",
+                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted")
+
+
+def curve_rows(results: list[ArmResult]) -> list[dict[str, object]]:
+    return [p.model_dump(mode="json") | {"seed": r.seed} for r in results for p in r.curve]
+
+
+def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path]:
+    """compare.json / compare.csv (one row per arm and seed), compare_summary.json / .csv (mean ± CI per arm)
+    and curves.csv (every curve point, per arm and seed). Returns the first two paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [r.row() for r in results]
+    json_path, csv_path = directory / "compare.json", directory / "compare.csv"
+    json_path.write_text(json.dumps(rows, indent=1))
+    _csv(csv_path, rows, list(rows[0]) if rows else [])
+    summary = summarize(results)
+    (directory / "compare_summary.json").write_text(json.dumps(summary, indent=1))
+    _csv(directory / "compare_summary.csv", summary, list(summary[0]) if summary else [])
+    _csv(directory / "curves.csv", curve_rows(results), list(CURVE_FIELDS))
+    return json_path, csv_path
+
+
+def _csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
