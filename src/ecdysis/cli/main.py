@@ -291,7 +291,7 @@ def compare(
     config_arg: Annotated[Path | None, typer.Argument(metavar="[CONFIG]", help="TOML config (same as -c).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    arms: Annotated[str, typer.Option(help="Comma-separated: direct,fixed,serial,aggregate,ecdysis,best-of-k")] = (
+    arms: Annotated[str, typer.Option(help="Comma-separated: direct,fixed,serial,aggregate,ecdysis,gepa,best-of-k")] = (
         "fixed,serial,ecdysis"),
     seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
     transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
@@ -302,6 +302,7 @@ def compare(
     """Run several arms on the same tasks, models and cache; print and save the comparison table."""
     from ..trainer.compare import compare as run_compare
     from ..trainer.compare import write_results
+    from ..trainer.compare_results import summary_table
     from .runs import AnnouncingWorkspace
 
     if config and config_arg and config.resolve() != config_arg.resolve():
@@ -320,7 +321,9 @@ def compare(
         return
     json_path, csv_path = write_results(results, cfg.run.run_dir)
     views.compare_table(console, results)
-    console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path} and {csv_path}[/]")
+    console.print(summary_table(results))  # mean ± 95% CI per arm over the seeds
+    console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path}, {csv_path}, "
+                  f"compare_summary.csv/json and curves.csv[/]")
     arm_list = [a.strip() for a in arms.split(",")]
     if "best-of-k" in arm_list and "ecdysis" not in arm_list:
         console.print("[yellow]best-of-k ran without an ecdysis arm: k was not matched to a training budget "
