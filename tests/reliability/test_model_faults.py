@@ -32,7 +32,7 @@ def test_eval_survives_injected_faults_and_records_them(tmp_path: Path,
     settings = f'model_settings."{ref}"'
     out = subprocess.run(
         [sys.executable, "-m", "ecdysis", "eval", "--env", "jsonl", "--tasks", "tasks.jsonl", "--model", ref,
-         "--run-dir", "run", "--concurrency", "1", "--json", "--set", "cache.enabled=false",
+         "--split", "test", "--run-dir", "run", "--concurrency", "1", "--json", "--set", "cache.enabled=false",
          "--set", f"{settings}.max_retries={MAX_RETRIES}", "--set", f"{settings}.attempt_timeout_s=2",
          "--set", f"{settings}.total_timeout_s=60"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
