@@ -39,5 +39,5 @@ def doctor(
         console.print(f"[bold red]doctor: {len(failed)} check(s) failed[/] ({', '.join(failed)}); fix them before "
                       "running anything on the embedded backend", highlight=False)
     else:
-        console.print(f"[green]doctor: ready[/]" + (f" ({warned} warning(s): see the fixes above)" if warned else ""))
+        console.print("[green]doctor: ready[/]" + (f" ({warned} warning(s): see the fixes above)" if warned else ""))
     raise typer.Exit(code)

@@ -125,7 +125,8 @@ def cpu_library() -> Path | None:
 
 
 def disassembly_counts(library: Path) -> dict[str, int] | None:
-    """AMX tile instructions and instructions on AVX-512 (zmm) registers in `library`'s code (objdump -d), or None without objdump."""
+    """AMX tile instructions and instructions on AVX-512 (zmm) registers in `library`'s code (objdump -d);
+    None without objdump."""
     import shutil
 
     exe = shutil.which("objdump")

@@ -186,6 +186,7 @@ def extras() -> list[Check]:
     out = []
     for extra, module, what in EXTRAS:
         present = find_spec(module) is not None
-        out.append(Check(f"extra {extra}", "ok" if present else "info", f"{what}: {'installed' if present else 'not installed'}",
+        state = "installed" if present else "not installed"
+        out.append(Check(f"extra {extra}", "ok" if present else "info", f"{what}: {state}",
                          "" if present else f"`pip install -e '.[{extra}]'`"))
     return out
