@@ -53,10 +53,10 @@ def test_new_user_path_own_jsonl_and_grader_file(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     assert "edits decided on" in out.stdout and "test accuracy (final)" in out.stdout
     out = cli("train", "-c", "proj/ecdysis.toml", "--set", "train.roundz=2", cwd=tmp_path)
-    assert out.returncode == 2 and "unknown key train.roundz; did you mean train.rounds?" in out.stdout
+    assert out.returncode == 2 and "unknown key train.roundz; did you mean train.rounds?" in out.stderr
     out = cli("eval", "--env", "jsonl", "--tasks", "tasks.jsonl", "--grader", "nosuch.py:grade",
               "--model", "scripted:x", cwd=tmp_path)
-    assert out.returncode == 2 and "file nosuch.py not found" in out.stdout
+    assert out.returncode == 2 and "file nosuch.py not found" in out.stderr
 
 
 def test_builtin_graders() -> None:

@@ -82,12 +82,12 @@ async def test_show_and_diff_print_rounds_and_the_harness_change(tmp_path: Path)
     assert diff.returncode == 0 and '+["boxed_answer"]' in diff.stdout
     assert f"{result.seed_harness_id} -> {result.final_harness_id}" in diff.stdout
     missing = cli("diff", result.run_id, "seed", "ffff", "--run-dir", run_dir, cwd=tmp_path)
-    assert missing.returncode == 2 and "no harness version matches 'ffff'" in missing.stdout
+    assert missing.returncode == 2 and "no harness version matches 'ffff'" in missing.stderr
     out = tmp_path / "r.html"
     made = cli("report", result.run_id, "--run-dir", run_dir, "-o", str(out), cwd=tmp_path)
     assert made.returncode == 0 and out.stat().st_size > 10_000
     unknown = cli("report", "train-nope", "--run-dir", run_dir, cwd=tmp_path)
-    assert unknown.returncode == 2 and "no run 'train-nope'" in unknown.stdout
+    assert unknown.returncode == 2 and "no run 'train-nope'" in unknown.stderr
 
 
 def test_report_of_an_eval_run_is_refused_clearly(tmp_path: Path) -> None:
