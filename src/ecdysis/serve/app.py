@@ -117,6 +117,7 @@ def create_app(proxy: Proxy) -> FastAPI:
             return _error(413, f"request body larger than {settings.max_body_bytes} bytes", "invalid_request_error")
         try:
             req = ChatCompletionRequest.model_validate(json.loads(raw))
+            req.check()
             messages = to_messages(req.messages)
             outcome_header = request.headers.get(OUTCOME_HEADER)
             attached = parse_outcome_header(outcome_header) if outcome_header else None

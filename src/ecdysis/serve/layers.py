@@ -112,6 +112,18 @@ class ServedHarness:
         self.repairs = parse_repairs(self.version.files.get(REPAIRS_FILE))
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
+        self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+
+    def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
+        """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
+        key = (json.dumps([t.to_record() for t in tools], sort_keys=True), first_user)
+        hit = self._prompts.get(key)
+        if hit is None:
+            hit = build_system_prompt(self.version, tools, first_user)
+            if len(self._prompts) >= 4096:
+                self._prompts.clear()
+            self._prompts[key] = hit
+        return hit
 
     def _examples(self, query: str) -> list[dict[str, Any]]:
         """Retrieved worked examples (the `examples` layer), where this library version has it."""
@@ -134,7 +146,7 @@ class ServedHarness:
         agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         rest = [m for m in messages if m.role != "system"]
         first_user = next((m.content for m in rest if m.role == "user"), "")
-        contract, tips, skill_ids = build_system_prompt(self.version, tools, first_user)
+        contract, tips, skill_ids = self._system(tools, first_user)
         system = "\n\n".join(part for part in (contract, agent_system) if part)
         rest, annotations, stop, observations = self.regulate_results(rest)
         out = [Message(role="system", content=system)] if system else []

@@ -79,7 +79,7 @@ class Proxy:
             temperature=req.temperature if req.temperature is not None else gen.temperature,
             top_p=req.top_p if req.top_p is not None else gen.top_p,
             max_tokens=req.max_completion_tokens or req.max_tokens or gen.max_tokens,
-            stop=req.stop_list() or list(gen.stop), seed=req.seed,
+            stop=req.stop_list() or list(gen.stop), seed=req.seed, json_schema=req.json_schema(),
             tools=openai_tools(tools) if tools else None, tool_choice=req.tool_choice if tools else None,
             session=conversation)
 

@@ -8,7 +8,8 @@ aggregation and H2 replay read it like any collect. Each turn is also a `serve_t
 (tokens, latency, the proxy's own overhead, repairs). An outcome (score, pass/fail) attached to a
 conversation becomes the trajectory's score.
 
-Writes happen on one background thread, in order, off the request path; `flush` waits for them.
+Writes happen on one background thread, in order and in batches, off the request path; `flush` waits
+for them (a killed process loses at most the last batch, `batch_s`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import queue
+import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +114,11 @@ class _Live:
 
 
 class TraceRecorder:
-    """The serve run in `store_dir`. Request-path methods are cheap; storage is on the writer thread."""
+    """The serve run in `store_dir`. Request-path methods only queue; one writer thread applies the queue in
+    batches (every `batch_s`), writing each changed conversation once per batch."""
 
-    def __init__(self, store_dir: Path | str, harness: HarnessVersion, upstream: str, config: dict[str, Any]) -> None:
+    def __init__(self, store_dir: Path | str, harness: HarnessVersion, upstream: str, config: dict[str, Any],
+                 batch_s: float = 0.25) -> None:
         self.store_dir = Path(store_dir)
         self.store = RunStore(self.store_dir)
         claim_run_dir(self.store_dir)
@@ -123,10 +128,14 @@ class TraceRecorder:
         self.store.open_evaluation(self.eval_id, self.run_id, harness.id, upstream, SERVE_KIND, SERVE_SPLIT, 1, 0,
                                    SERVE_LABEL)
         self.harness_id = harness.id
-        self._live: OrderedDict[str, _Live] = OrderedDict()
-        self._trajectories: dict[str, Trajectory] = {}  # writer thread only
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ecdysis-serve-store")
+        self.batch_s = batch_s
         self.turns = 0
+        self._live: OrderedDict[str, _Live] = OrderedDict()
+        self._trajectories: OrderedDict[str, Trajectory] = OrderedDict()  # writer thread only
+        self._evicted = False
+        self._queue: queue.SimpleQueue[tuple[Any, tuple[Any, ...], Future[Any] | None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="ecdysis-serve-store", daemon=True)
+        self._thread.start()
 
     # request path -------------------------------------------------------------------------------
     def live(self, conversation: str) -> _Live:
@@ -143,63 +152,115 @@ class TraceRecorder:
                messages: list[Message]) -> None:
         """Queue one finished turn for storage. `events` and `messages` must not be mutated afterwards."""
         self.turns += 1
-        self._writer.submit(self._write_turn, conversation, events, turn, final, messages)
+        self._queue.put((self._apply_turn, (conversation, events, turn, final, messages), None))
+
+    def _call(self, fn: Any, *args: Any) -> asyncio.Future[Any]:
+        future: Future[Any] = Future()
+        self._queue.put((fn, args, future))
+        return asyncio.wrap_future(future)
 
     def attach_outcome(self, conversation: str, outcome: ConversationOutcome) -> asyncio.Future[bool]:
-        """Queue an outcome; the future says whether the conversation was found."""
-        return asyncio.wrap_future(self._writer.submit(self._write_outcome, conversation, outcome))
+        """Queue an outcome; the future (resolved once stored) says whether the conversation was found."""
+        return self._call(self._apply_outcome, conversation, outcome)
 
     async def flush(self) -> None:
-        await asyncio.wrap_future(self._writer.submit(lambda: None))
+        """Wait until everything queued so far is stored."""
+        await self._call(lambda dirty: None)
 
     def close(self, status: str = "finished") -> None:
-        self._writer.shutdown(wait=True)
+        """Store what is queued, then close the run."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
         self.store.finish_run(self.run_id, {"turns": self.turns, "conversations": len(self._trajectories)}, status)
         self.store.close()
 
     # writer thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        done = False
+        while not done:
+            batch = [self._queue.get()]
+            time.sleep(self.batch_s)  # let the batch fill: a busy conversation is written once per batch
+            while True:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            dirty: set[str] = set()
+            results: list[tuple[Future[Any], Any, BaseException | None]] = []
+            for item in batch:
+                if item is None:
+                    done = True
+                    continue
+                fn, args, future = item
+                try:
+                    value, error = fn(*args, dirty), None
+                except Exception as exc:  # noqa: BLE001 - storage must never take the proxy down; it is logged
+                    log.exception("recording failed")
+                    value, error = None, exc
+                if future is not None:
+                    results.append((future, value, error))
+            for conversation in dirty:
+                try:
+                    self.store.record_trajectory(self.eval_id, self._trajectories[conversation])
+                except Exception:  # noqa: BLE001
+                    log.exception("recording conversation %s failed", conversation)
+            for future, value, error in results:
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(value)
+
     def _trajectory(self, conversation: str) -> Trajectory:
         traj = self._trajectories.get(conversation)
         if traj is None:
-            traj = self._trajectories[conversation] = Trajectory(conversation, 0, self.harness_id,
-                                                                 termination="answered")
+            found = find_conversation(self.store, conversation, self.eval_id) if self._evicted else None
+            traj = found[1] if found else Trajectory(conversation, 0, self.harness_id, termination="answered")
+            self._trajectories[conversation] = traj
+            while len(self._trajectories) > MAX_LIVE_CONVERSATIONS:  # stored already: read back if it returns
+                self._trajectories.popitem(last=False)
+                self._evicted = True
+        else:
+            self._trajectories.move_to_end(conversation)
         return traj
 
-    def _write_turn(self, conversation: str, events: list[dict[str, Any]], turn: TurnRecord,
-                    final: dict[str, Any], messages: list[Message]) -> None:
-        try:
-            traj = self._trajectory(conversation)
-            for event in events:
-                if event["kind"] == "prompt" and traj.of_kind("prompt"):
-                    traj.of_kind("prompt")[0].update(tools=event["tools"])  # the latest tools are replayed
-                    continue
-                traj.events.append(event)
-            traj.model_calls += turn.attempts
-            traj.prompt_tokens += turn.prompt_tokens
-            traj.completion_tokens += turn.completion_tokens
-            traj.model_time_s += turn.upstream_s
-            traj.wall_s += turn.latency_s
-            traj.termination = ("model_error" if turn.status == 502 else "stopped" if turn.stopped
-                                else "rejected" if turn.gave_up else "answered")
-            if final.get("content") and not final.get("tool_calls"):
-                traj.final_answer = final["content"]
-            traj.conversation = [m.to_openai() for m in messages if m.role != "system"] + ([final] if final else [])
-            self.store.record_trajectory(self.eval_id, traj)
-            self.store.put_record(self.run_id, TURN_KIND, f"{conversation}/{turn.index:05d}", turn.model_dump())
-        except Exception:  # noqa: BLE001 - storage must never take the proxy down; it is logged
-            log.exception("recording turn %s of %s failed", turn.index, conversation)
+    def _apply_turn(self, conversation: str, events: list[dict[str, Any]], turn: TurnRecord,
+                    final: dict[str, Any], messages: list[Message], dirty: set[str]) -> None:
+        traj = self._trajectory(conversation)
+        for event in events:
+            if event["kind"] == "prompt" and traj.of_kind("prompt"):
+                traj.of_kind("prompt")[0].update(tools=event["tools"])  # the latest tools are replayed
+                continue
+            traj.events.append(event)
+        traj.model_calls += turn.attempts
+        traj.prompt_tokens += turn.prompt_tokens
+        traj.completion_tokens += turn.completion_tokens
+        traj.model_time_s += turn.upstream_s
+        traj.wall_s += turn.latency_s
+        traj.termination = ("model_error" if turn.status == 502 else "stopped" if turn.stopped
+                            else "rejected" if turn.gave_up else "answered")
+        if final.get("content") and not final.get("tool_calls"):
+            traj.final_answer = final["content"]
+        traj.conversation = [m.to_openai() for m in messages if m.role != "system"] + ([final] if final else [])
+        self.store.put_record(self.run_id, TURN_KIND, f"{conversation}/{turn.index:05d}", turn.model_dump())
+        dirty.add(conversation)
 
-    def _write_outcome(self, conversation: str, outcome: ConversationOutcome) -> bool:
+    def _apply_outcome(self, conversation: str, outcome: ConversationOutcome, dirty: set[str]) -> bool:
         score, passed = outcome.resolved()
-        traj = self._trajectories.get(conversation)
-        eval_id = self.eval_id
-        if traj is None:  # a conversation of an earlier serve run in this store
+        if conversation in self._trajectories or (self._evicted and find_conversation(
+                self.store, conversation, self.eval_id)):
+            traj = self._trajectory(conversation)
+            traj.score, traj.passed = score, passed
+            traj.score_detail = outcome.note or "outcome attached by the client"
+            dirty.add(conversation)
+        else:  # a conversation of an earlier serve run in this store
             found = find_conversation(self.store, conversation)
             if found is None:
                 return False
             eval_id, traj = found
-        traj.score, traj.passed, traj.score_detail = score, passed, outcome.note or "outcome attached by the client"
-        self.store.record_trajectory(eval_id, traj)
+            traj.score, traj.passed = score, passed
+            traj.score_detail = outcome.note or "outcome attached by the client"
+            self.store.record_trajectory(eval_id, traj)
         self.store.put_record(self.run_id, OUTCOME_KIND, conversation,
                               {"score": score, "passed": passed, "note": outcome.note, "at": time.time()})
         return True
@@ -214,9 +275,12 @@ def serve_evaluations(store: RunStore) -> list[dict[str, Any]]:
     return out
 
 
-def find_conversation(store: RunStore, conversation: str) -> tuple[str, Trajectory] | None:
-    """The newest recorded trajectory of `conversation` and its evaluation id."""
+def find_conversation(store: RunStore, conversation: str, eval_id: str | None = None
+                      ) -> tuple[str, Trajectory] | None:
+    """The newest recorded trajectory of `conversation` (in `eval_id` only, if given) and its evaluation id."""
     for evaluation in reversed(serve_evaluations(store)):
+        if eval_id is not None and evaluation["id"] != eval_id:
+            continue
         for traj in store.trajectories(evaluation["id"]):
             if traj.task_id == conversation:
                 return evaluation["id"], traj

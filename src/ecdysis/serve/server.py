@@ -26,6 +26,8 @@ def build_proxy(harness_dir: Path | str, upstream_ref: str, settings: ServeSetti
     recording store (`store_dir` None: nothing is recorded)."""
     s = settings or ServeSettings()
     harness = ServedHarness(harness_dir)
+    import jsonschema  # noqa: F401 - imported on first use by H2 validation and skill retrieval: not on
+    import rank_bm25  # noqa: F401 - a request's clock
     if upstream is None:
         upstream = build_model(upstream_ref, ModelSettings(
             max_concurrency=s.max_concurrency, max_retries=s.upstream_retries,

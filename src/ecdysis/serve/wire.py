@@ -52,6 +52,22 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
+    n: int | None = None
+    response_format: dict[str, Any] | None = None
+
+    def check(self) -> None:
+        """Refuse what the proxy cannot serve faithfully (WireError, HTTP 400)."""
+        if self.n not in (None, 1):
+            raise WireError("n > 1 is not supported: the harness realizes one reply per request")
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """`response_format` as a JSON schema for the upstream (json_schema or json_object), else None."""
+        fmt = self.response_format or {}
+        if fmt.get("type") == "json_schema":
+            return (fmt.get("json_schema") or {}).get("schema") or {"type": "object"}
+        if fmt.get("type") == "json_object":
+            return fmt.get("schema") or {"type": "object"}
+        return None
 
     def tool_specs(self) -> tuple[ToolSpec, ...]:
         """The request's function tools as harness `ToolSpec`s (schema-less tools take no arguments)."""
