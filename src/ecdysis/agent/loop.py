@@ -19,10 +19,11 @@ from ..envs.base import Episode
 from ..harness.api import Action, ActionContext, Reject, Reply, StepState, ToolSpec, Verdict
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import REPAIRS_FILE, parse_repairs
-from ..harness.skills import parse_demos, parse_skills, retrieve
+from ..harness.skills import example_messages, parse_demos, parse_skills, retrieve
 from ..harness.tool_calls import native_realize, openai_tools, validate
+from .consistency import vote
 from .realize import RealizeFn, as_reply, realize_message
-from .trajectory import Trajectory
+from .trajectory import Trajectory, digest
 
 ChatFn = Callable[[list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
 UserFn = Callable[[list[dict[str, str]]], dict[str, Any]]  # conversation -> {"text", "stop"} | {"error"}
@@ -105,7 +106,8 @@ class AgentSession:
     def step(self, action: Action) -> str:
         """Validate the call against its schema, then run it; a violation is the call's (recorded) result."""
         self.traj.add("action", self.turn, tool=action.tool, input=action.input, arguments=action.arguments)
-        problem = validate(action, self.tools)
+        # an environment whose gold calls its own schemas reject may switch validation off
+        problem = validate(action, self.tools) if getattr(self.episode, "validate_arguments", True) else None
         if problem is not None:
             kind, observation = problem
             self.traj.add("tool_error", self.turn, tool=action.tool, error=kind, text=observation)
@@ -164,7 +166,9 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     conversational = user is not None and bool(task.get("conversational"))
     params: dict[str, Any] = {"temperature": gen.temperature, "max_tokens": gen.max_tokens, "top_p": gen.top_p,
                               "stop": gen.stop, "sample_index": trial}
-    tools = tuple(t for t in episode.tools if m.tools is None or t.name in m.tools)
+    # a harness's tool list filters the environment's shared tools; tools a task brings are always offered
+    task_tools = bool(getattr(episode, "task_tools", False))
+    tools = tuple(t for t in episode.tools if m.tools is None or task_tools or t.name in m.tools)
     if native and tools:
         params["tools"] = openai_tools(tools)
     system_prompt, tips, skill_ids = build_system_prompt(harness, tools, task["prompt"], conversational)
@@ -186,10 +190,12 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
         regulate = load_module(harness_dir / m.files.regulate, "harness_regulate").regulate
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages += parse_demos(harness.layer_text("demos"))
+    messages += example_messages(harness.layer_text("examples"), task["prompt"])  # retrieved for this task
     start = len(messages)
+    choices = tuple(str(c) for c in (task.get("public") or {}).get("choices") or ())
     if conversational:
         messages.append({"role": "assistant", "content": getattr(episode, "greeting", "") or GREETING})
-        if not _user_turn(user, messages, traj, 0):
+        if not _user_turn(user, messages[start:], messages, traj, 0):
             return
     else:
         messages.append({"role": "user", "content": f"{tips}\n\n{task['prompt']}" if tips else task["prompt"]})
@@ -198,9 +204,12 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     try:
         for turn in range(m.budget.max_turns):
             session.turn = turn
+            ctx = ActionContext(tools, turn, task["prompt"], conversational, choices)
             reply = session.chat(list(messages))
-            ctx = ActionContext(tools, turn, task["prompt"], conversational)
             realized = realize_message(realize, repairs, reply, ctx)
+            if gen.samples > 1 and realized.reject is None and any(a.is_answer for a in realized.actions):
+                reply, realized = vote(session, messages, reply, realized, gen.samples, gen.sample_temperature,
+                                       lambda r, ctx=ctx: realize_message(realize, repairs, r, ctx))
             for name in realized.repairs:
                 traj.add("repair", turn, name=name)
             if realized.reject is not None:
@@ -225,7 +234,7 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
                     traj.add("action", turn, tool="respond", input=action.input)
                     if not native:
                         messages[-1]["content"] = action.input
-                    if not _user_turn(user, messages, traj, turn):
+                    if not _user_turn(user, messages[start:], messages, traj, turn):
                         return
                     continue
                 observation = session.step(action)
@@ -242,20 +251,27 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
                     traj.add("stop", turn, reason=verdict.reason)
                     traj.termination = "stopped"
                     return
+            if getattr(episode, "done", False):  # the environment says the task is complete
+                traj.termination = "done"
+                return
         traj.termination = "max_turns"
     finally:
         traj.conversation = messages[start:]
 
 
-def _user_turn(user: UserFn | None, messages: list[dict[str, Any]], traj: Trajectory, turn: int) -> bool:
-    """Ask the simulated user for its next message; False if the conversation is over."""
+def _user_turn(user: UserFn | None, episode_messages: list[dict[str, Any]], messages: list[dict[str, Any]],
+               traj: Trajectory, turn: int) -> bool:
+    """Ask the simulated user for its next message (it sees the episode's text turns, not the system prompt
+    or demonstrations); False if the conversation is over."""
     if user is None:
         traj.termination = "answered"
         return False
-    result = user(_conversation(messages))
+    conversation = _conversation(episode_messages)
+    result = user(conversation)
     if "error" in result:
         raise ModelFailure(f"user simulator: {result['error']}")
-    traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")), reason=result.get("reason", ""))
+    traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")), reason=result.get("reason", ""),
+             seen=digest(conversation))
     if result.get("stop"):
         traj.termination = "max_turns" if result.get("limit") else "user_stop"
         if result["text"]:

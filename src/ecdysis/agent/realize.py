@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..harness.api import Action, ActionContext, Reject, Reply, ToolCall
-from ..harness.repairs import Repair, repair_call, repair_message, repair_turn, try_repairs
+from ..harness.repairs import Repair, repair_answer, repair_call, repair_message, repair_turn, try_repairs
 from ..harness.tool_calls import validate
 
 RealizeFn = Callable[[Reply, ActionContext], Any]
@@ -57,10 +57,38 @@ def realize_message(realize: RealizeFn, repairs: list[Repair], reply: Reply, ctx
     if turn_fix:
         out.repairs.append(turn_fix)
     for action in actions:
+        if action.is_answer and ctx.choices:
+            fixed_answer, name = repair_answer(repairs, action, ctx.choices)
+            if name:
+                out.repairs.append(name)
+            if isinstance(fixed_answer, Reject):
+                out.reject, out.actions = fixed_answer, []
+                return out
+            action = fixed_answer
         if validate(action, ctx.tools) is not None:
             fixed, used = repair_call(repairs, action, ctx.tools)
             if used and validate(fixed, ctx.tools) is None:
                 action = fixed
                 out.repairs.extend(used)
         out.actions.append(action)
+    return out
+
+
+def replay_item(realize: RealizeFn, repairs: list[Repair], item: dict[str, Any]) -> list[dict[str, Any]]:
+    """Re-realize one stored episode's replies (`item`: prompt, replies, tools, conversational, choices) with a
+    candidate's H2, without model calls: per reply {"reject": rule} or {"actions": [...], "repairs": [...]}."""
+    from ..harness.api import ToolSpec
+
+    tools = tuple(ToolSpec.from_record(t) for t in item["tools"])
+    choices = tuple(str(c) for c in item.get("choices") or ())
+    out: list[dict[str, Any]] = []
+    for turn, reply in enumerate(item["replies"]):
+        ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")), choices)
+        realized = realize_message(realize, repairs, as_reply(reply), ctx)
+        if realized.reject is not None:
+            out.append({"reject": realized.reject.rule})
+        else:
+            out.append({"actions": [{"tool": a.tool, "input": a.input, "arguments": a.arguments,
+                                     "invalid": (validate(a, tools) or (None,))[0]}
+                                    for a in realized.actions], "repairs": realized.repairs})
     return out

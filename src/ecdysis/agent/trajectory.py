@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -15,9 +17,15 @@ TERMINATIONS = (
     "crash",  # harness code raised, the worker died or hit a resource limit
     "model_error",  # the model backend failed for good
     "user_stop",  # the simulated user ended the conversation (graded like "answered")
+    "done",  # the environment ended the episode after an action (its `done` became true)
     "infra_error",  # the executor lost the episode (a Ray worker or node, or its zygote, died): not a harness failure
 )
 INFRA_ERROR = "infra_error"
+
+
+def digest(value: Any) -> str:
+    """A stable hash of JSON-able data (what a simulated user saw, for exact replay)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 @dataclass
@@ -50,9 +58,10 @@ class Trajectory:
         return [e["reply"] for e in self.events if e["kind"] == "model"]
 
     def reply_records(self) -> list[dict[str, Any]]:
-        """Replies with their native tool calls, as replay takes them."""
+        """Replies with their native tool calls, as replay takes them (of self-consistency samples, only
+        the one the vote chose)."""
         return [{"text": e["reply"], "tool_calls": e.get("tool_calls") or []}
-                for e in self.events if e["kind"] == "model"]
+                for e in self.events if e["kind"] == "model" and not e.get("unchosen")]
 
     def offered_tools(self) -> list[dict[str, Any] | str]:
         """The tools the episode offered, as recorded (with schemas); for trajectories recorded before

@@ -131,6 +131,7 @@ class ActionContext:
     turn: int
     task_prompt: str
     conversational: bool = False  # a user is on the other side: text without a call goes to the user
+    choices: tuple[str, ...] = ()  # the task's finite answer set, when its environment declares one
 
 
 @dataclass

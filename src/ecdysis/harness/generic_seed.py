@@ -27,21 +27,30 @@ def regulate(state: StepState) -> Verdict:
 
 NATIVE_RULES = """Use the tools through function calls; never write a call as text. Call one tool at a time and
 read its result before the next step."""
+PARALLEL_RULES = """Use the tools through function calls; never write a call as text. When the request needs
+several calls, make them all in the same reply."""
 CONVERSATION_RULES = "Talk to the user in short plain sentences; ask for what you need, one thing at a time."
 FINAL_RULES = "When the task is done, reply in one short sentence without calling a tool."
 
 
 def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     """Seed harness files for `env` (an Environment; optional attributes: tools, instructions,
-    tool_calling, conversational, max_turns)."""
+    tool_calling, conversational, max_turns, task_tools (each task brings its own tools), parallel_calls
+    (several calls in one reply are expected)). With task-level tools the contract does not list tools (they
+    reach the model through the function-calling API), so the system prompt stays the same for every task."""
     tools = tuple(getattr(env, "tools", ()) or ())
-    native = getattr(env, "tool_calling", "native" if any(t.parameters is not None for t in tools) else "text")
+    task_tools = bool(getattr(env, "task_tools", False))
+    parallel = bool(getattr(env, "parallel_calls", False))
+    native = getattr(env, "tool_calling", "native" if task_tools or any(t.parameters is not None for t in tools)
+                     else "text")
     conversational = bool(getattr(env, "conversational", False))
     instructions = (getattr(env, "instructions", "") or "").strip()
     parts = [instructions or "You are an agent that completes the task below."]
-    if tools:
+    if tools and not task_tools:
         parts.append("Tools:\n{tools}")
-        parts.append(NATIVE_RULES if native == "native" else "Use the tools as described above.")
+    if tools or task_tools:
+        parts.append((PARALLEL_RULES if parallel else NATIVE_RULES) if native == "native"
+                     else "Use the tools as described above.")
     parts.append(CONVERSATION_RULES if conversational else FINAL_RULES)
     max_turns = int(getattr(env, "max_turns", 30 if conversational else 10))
     manifest = f'''name = "{env_name.replace(":", "-")}-seed"

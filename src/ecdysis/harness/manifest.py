@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 from .repairs import REPAIRS_FILE, parse_repairs
 
 MANIFEST = "harness.toml"
-LAYER_FILES = ("contract", "skills", "demos", "action", "regulate", "loop")
+LAYER_FILES = ("contract", "skills", "demos", "examples", "action", "regulate", "loop")
 MAX_FILE_BYTES = 256_000
 
 
@@ -33,6 +33,8 @@ class Generation(BaseModel):
     max_tokens: int = 512
     top_p: float = 1.0
     stop: list[str] = Field(default_factory=list)
+    samples: int = Field(default=1, ge=1, le=9)  # self-consistency: answers sampled per answer turn, majority wins
+    sample_temperature: float = 0.7  # the temperature of those samples
 
 
 class Budget(BaseModel):
@@ -47,6 +49,7 @@ class LayerFiles(BaseModel):
     contract: str | None = "contract.md"  # H3
     skills: str | None = "skills.json"  # H5 tips
     demos: str | None = "demos.json"  # H5 demonstrations
+    examples: str | None = "examples.json"  # H5 labelled training examples retrieved per task (optional file)
     action: str | None = "action.py"  # H2
     regulate: str | None = "regulate.py"  # H4
     loop: str | None = None  # free-form loop
@@ -128,6 +131,8 @@ def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
         rel = getattr(manifest.files, layer)
         if rel is None:
             continue
+        if rel not in files and layer == "examples":
+            continue  # optional: written by the library when it adds retrieved labelled examples
         if rel not in files:
             raise HarnessError(f"{origin}: manifest names {layer} file {rel!r}, which does not exist")
         text = files[rel]

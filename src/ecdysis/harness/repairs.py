@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import tool_calls
-from .api import Action, Reply, ToolSpec, answer
+from .api import Action, Reject, Reply, ToolSpec, answer
 
 REPAIRS_FILE = "repairs.json"
 NUMBER = r"-?\$?\s*[\d,]*\.?\d+"
@@ -86,7 +86,37 @@ def bare_sql(reply: str, tools: tuple[ToolSpec, ...]) -> Action | None:
     return Action("sql", block.group(1).strip()) if block else None
 
 
-Stage = Literal["reply", "message", "call", "turn"]
+def _norm(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", " ", text.lower()).strip()
+
+
+def answer_set(action: Action, choices: tuple[str, ...]) -> Action | Reject | None:
+    """`answer_set`: a final answer outside the task's declared answer set is mapped to the one allowed
+    answer it names (same words ignoring case and punctuation; else the only allowed answer contained in it as
+    whole words; else the only close spelling), or rejected with the allowed set as feedback."""
+    if not choices or not action.is_answer:
+        return None
+    given = _norm(action.input)
+    if action.input in choices:
+        return None
+    same = [c for c in choices if _norm(c) == given]
+    if not same:
+        same = [c for c in choices if _norm(c) and re.search(rf"(?<![a-z0-9]){re.escape(_norm(c))}(?![a-z0-9])", given)]
+        if len(same) > 1:  # "not A but B": prefer the longest, unless two unrelated labels are named
+            longest = max(same, key=len)
+            same = [longest] if all(_norm(c) in _norm(longest) for c in same) else []
+    if not same:
+        import difflib
+
+        same = difflib.get_close_matches(action.input.strip(), list(choices), n=2, cutoff=0.8)
+    if len(same) == 1:
+        return answer(same[0])
+    allowed = ", ".join(choices[:40])
+    return Reject(f"Your answer {action.input.strip()[:80]!r} is not one of the allowed answers. "
+                  f"Reply with exactly one of: {allowed}.", rule="answer-set")
+
+
+Stage = Literal["reply", "message", "call", "turn", "answer"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +127,7 @@ class Repair:
     message before `realize`: (Reply, tools) -> Reply | None (e.g. calls written in the text)
     call    on one action that failed validation: (Action, tools) -> Action | None
     turn    on the actions of one message: (actions) -> actions | None
+    answer  on a final answer, when the task declares its answer set: (Action, choices) -> Action | Reject | None
     """
 
     name: str
@@ -122,6 +153,8 @@ CATALOG: dict[str, Repair] = {
                tool_calls.near_tool_name, "call"),
         Repair("one_call_per_turn", "several tool calls in one message: run only the first",
                tool_calls.one_call_per_turn, "turn"),
+        Repair("answer_set", "tasks with a declared answer set (labels, options): an answer outside it is mapped "
+               "to the allowed answer it names, or rejected with the allowed answers", answer_set, "answer"),
     )
 }
 
@@ -172,3 +205,12 @@ def repair_turn(repairs: list[Repair], actions: list[Action]) -> tuple[list[Acti
         if repair.stage == "turn" and (fixed := repair.apply(actions)) is not None:
             return fixed, repair.name
     return actions, None
+
+
+def repair_answer(repairs: list[Repair], action: Action,
+                  choices: tuple[str, ...]) -> tuple[Action | Reject, str | None]:
+    """Answer-stage repairs on a final answer: the first that maps or rejects it wins."""
+    for repair in repairs:
+        if repair.stage == "answer" and (fixed := repair.apply(action, choices)) is not None:
+            return fixed, repair.name
+    return action, None

@@ -1,4 +1,5 @@
-"""H5 procedural skills: short tips retrieved per task with BM25 (rank_bm25), and demonstrations."""
+"""H5 procedural skills: short tips retrieved per task with BM25 (rank_bm25), demonstrations, and labelled
+training examples retrieved per task."""
 
 from __future__ import annotations
 
@@ -54,14 +55,66 @@ def retrieve(skills: list[Skill], query: str, top_k: int) -> list[Skill]:
     return always + [rest[i] for i in ranked[:top_k]]
 
 
-def parse_demos(text: str | None) -> list[dict[str, str]]:
-    """Demonstrations as alternating user/assistant messages: [{"user": ..., "assistant": ...}]."""
+def parse_demos(text: str | None) -> list[dict[str, Any]]:
+    """Demonstrations as message history. An item is {"user": ..., "assistant": ...} (one exchange) or
+    {"messages": [...]} (a whole exchange as chat messages: assistant tool calls and tool results kept)."""
     if not text:
         return []
     data: Any = json.loads(text)
     items = data.get("demos", []) if isinstance(data, dict) else data
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     for demo in items:
+        if "messages" in demo:
+            messages.extend(dict(m) for m in demo["messages"])
+            continue
         messages.append({"role": "user", "content": str(demo["user"])})
         messages.append({"role": "assistant", "content": str(demo["assistant"])})
     return messages
+
+
+@dataclass(frozen=True)
+class ExampleSet:
+    """H5 retrieved labelled demonstrations (`examples.json`): training tasks with their gold answers.
+
+    `k` nearest to the task (by `retriever`, "bm25" over the prompt) are inserted as user/assistant
+    exchanges, the answer written as `format` shows ("{answer}" is replaced). A task never retrieves
+    itself (an example whose prompt equals the task's)."""
+
+    k: int
+    retriever: str
+    format: str
+    items: tuple[tuple[str, str], ...]  # (prompt, answer)
+
+
+def parse_examples(text: str | None) -> ExampleSet | None:
+    if not text:
+        return None
+    data: Any = json.loads(text)
+    items = tuple((str(e["prompt"]), str(e["answer"])) for e in data.get("examples", []))
+    return ExampleSet(int(data.get("k", 3)), str(data.get("retriever", "bm25")),
+                      str(data.get("format", "Answer: {answer}")), items)
+
+
+def nearest_examples(examples: ExampleSet, query: str) -> list[tuple[str, str]]:
+    """The k examples nearest to `query` by BM25+ over prompt words (ties by file order), never the query itself."""
+    pool = [e for e in examples.items if e[0].strip() != query.strip()]
+    if not pool or examples.k <= 0:
+        return []
+    from rank_bm25 import BM25Plus
+
+    docs = [tokenize(p) or ["_"] for p, _ in pool]
+    scores = BM25Plus(docs).get_scores(tokenize(query))
+    ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
+    return [pool[i] for i in ranked[:examples.k]]
+
+
+def example_messages(text: str | None, query: str) -> list[dict[str, Any]]:
+    """The retrieved examples for one task as message history (most similar last, next to the task)."""
+    examples = parse_examples(text)
+    if examples is None:
+        return []
+    out: list[dict[str, Any]] = []
+    for prompt, gold in reversed(nearest_examples(examples, query)):
+        out.append({"role": "user", "content": prompt})
+        out.append({"role": "assistant", "content": examples.format.replace("{answer}", gold)})
+    return out

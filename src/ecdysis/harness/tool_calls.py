@@ -23,7 +23,7 @@ from .api import Action, ActionContext, Reject, Reply, ToolCall, ToolSpec, answe
 
 TEXT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"input": {"type": "string"}},
                                      "required": ["input"]}
-_JSON_BLOCK = re.compile(r"```(?:json)?\s*(\{.*?\})\s*```", re.DOTALL)
+_JSON_BLOCK = re.compile(r"```(?:json)?\s*([\[{].*?[\]}])\s*```", re.DOTALL)
 
 
 def schema_of(spec: ToolSpec) -> dict[str, Any]:
@@ -112,26 +112,45 @@ def _validator(schema: dict[str, Any]) -> Any:
 
 # --- repairs -----------------------------------------------------------------------------------
 
+def _as_calls(obj: Any, names: set[str]) -> list[tuple[str, str]]:
+    """(name, raw arguments) of a call object {"name", "arguments"|"parameters"}, or of a list of them."""
+    items = obj if isinstance(obj, list) else [obj]
+    out = []
+    for item in items:
+        if not (isinstance(item, dict) and item.get("name") in names):
+            return []
+        args = item.get("arguments", item.get("parameters", {}))
+        out.append((item["name"], args if isinstance(args, str) else json.dumps(args)))
+    return out
+
+
 def calls_in_text(reply: Reply, tools: tuple[ToolSpec, ...]) -> Reply | None:
-    """`json_in_text`: a message without API calls whose text holds {"name": TOOL, "arguments": {...}}."""
+    """`json_in_text`: a message without API calls whose text holds {"name": TOOL, "arguments": {...}} — in
+    fenced blocks (every block that is a call, or a list of calls), else the span from the first `{` (or `[`)
+    to the last closing bracket. The text before the first call is kept as the message's text."""
     if reply.tool_calls or not tools:
         return None
     names = {t.name for t in tools}
-    candidates = [m.group(1) for m in _JSON_BLOCK.finditer(reply)]
-    start = reply.find("{")
-    if start >= 0:
-        candidates.append(reply[start: reply.rfind("}") + 1])
-    for index, text in enumerate(candidates):
+    blocks = list(_JSON_BLOCK.finditer(reply))
+    found: list[tuple[str, str]] = []
+    for match in blocks:
         try:
-            obj = json.loads(text)
+            found += _as_calls(json.loads(match.group(1)), names)
         except json.JSONDecodeError:
             continue
-        if isinstance(obj, dict) and obj.get("name") in names:
-            args = obj.get("arguments", obj.get("parameters", {}))
-            raw = args if isinstance(args, str) else json.dumps(args)
-            prefix = reply[:start].strip() if start >= 0 else ""
-            return Reply(prefix, (ToolCall(f"text_call_{index}", obj["name"], raw),))
-    return None
+    start = blocks[0].start() if found else -1
+    if not found:
+        starts = [i for i in (reply.find("{"), reply.find("[")) if i >= 0]
+        start = min(starts) if starts else -1
+        if start >= 0:
+            try:
+                found = _as_calls(json.loads(reply[start: max(reply.rfind("}"), reply.rfind("]")) + 1]), names)
+            except json.JSONDecodeError:
+                found = []
+    if not found:
+        return None
+    prefix = reply[:start].strip()
+    return Reply(prefix, tuple(ToolCall(f"text_call_{i}", name, raw) for i, (name, raw) in enumerate(found)))
 
 
 def _coerce(value: Any, schema: dict[str, Any]) -> Any:

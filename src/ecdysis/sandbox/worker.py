@@ -103,11 +103,9 @@ class HostLink:
 def replay(request: dict[str, Any]) -> dict[str, Any]:
     """Realize stored replies with a candidate's H2 (no model calls). Per item: one result per reply."""
     from ..agent.loop import load_realize
-    from ..agent.realize import as_reply, realize_message
-    from ..harness.api import ActionContext, ToolSpec
+    from ..agent.realize import replay_item
     from ..harness.manifest import version_from_files
     from ..harness.repairs import REPAIRS_FILE, parse_repairs
-    from ..harness.tool_calls import validate
 
     try:
         harness_dir = Path.cwd() / "harness"
@@ -119,20 +117,7 @@ def replay(request: dict[str, Any]) -> dict[str, Any]:
                 limits.get("max_tasks"))
         realize = load_realize(harness, harness_dir)
         repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
-        results = []
-        for item in request["items"]:
-            tools = tuple(ToolSpec.from_record(t) for t in item["tools"])
-            out = []
-            for turn, reply in enumerate(item["replies"]):
-                ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")))
-                realized = realize_message(realize, repairs, as_reply(reply), ctx)
-                if realized.reject is not None:
-                    out.append({"reject": realized.reject.rule})
-                else:
-                    out.append({"actions": [{"tool": a.tool, "input": a.input, "arguments": a.arguments,
-                                             "invalid": (validate(a, tools) or (None,))[0]}
-                                            for a in realized.actions], "repairs": realized.repairs})
-            results.append(out)
+        results = [replay_item(realize, repairs, item) for item in request["items"]]
         return {"results": results}
     except BaseException:  # noqa: BLE001 - candidate code failing replay is a result
         return {"error": traceback.format_exc(limit=10)}

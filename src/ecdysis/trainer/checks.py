@@ -9,6 +9,7 @@ and without model calls, must not lose a passing task.
 from __future__ import annotations
 
 import ast
+import asyncio
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -18,6 +19,7 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
 from ..harness.manifest import HarnessError, HarnessVersion, version_from_files
 from ..sandbox.host import SandboxLimits, replay_in_sandbox
+from .rerun import EpisodeRerun, RerunOutcome
 
 INTERFACE = {"action": ("realize", 2), "regulate": ("regulate", 1), "loop": ("run", 1)}
 SHINGLE = 8
@@ -34,7 +36,9 @@ class ReplayReport:
     gained: list[str] = field(default_factory=list)  # failing tasks that would pass
     unchanged: int = 0
     unknown: int = 0
-    changed: list[str] = field(default_factory=list)  # failing multi-turn tasks that would act differently
+    changed: list[str] = field(default_factory=list)  # failing tool/multi-turn episodes that act differently
+    changed_passing: list[str] = field(default_factory=list)  # passing ones that act differently, outcome unknown
+    exact: int = 0  # changed tool/multi-turn episodes re-run to their end with stored replies (graded exactly)
     rescued: dict[str, int] = field(default_factory=dict)  # task -> rejected replies that now realize
     raw: list[list[dict[str, Any]]] = field(default_factory=list, repr=False)
 
@@ -98,7 +102,8 @@ def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task
 
 def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]]:
     return [{"prompt": tasks[t.task_id].prompt, "replies": t.reply_records(), "tools": t.offered_tools(),
-             "conversational": tasks[t.task_id].user_scenario is not None} for t in trajectories]
+             "conversational": tasks[t.task_id].user_scenario is not None,
+             "choices": list(tasks[t.task_id].public.get("choices") or [])} for t in trajectories]
 
 
 def _invalid(realized: dict[str, Any]) -> int:
@@ -112,19 +117,43 @@ def _better(old: dict[str, Any], new: dict[str, Any]) -> bool:
     return "actions" in new and _invalid(new) < _invalid(old)
 
 
+def text_only(traj: Trajectory, task: Task) -> bool:
+    """An episode whose only action is its answer (no tools offered, no user): regraded from its replies."""
+    return not traj.offered_tools() and task.user_scenario is None
+
+
+def _regrade(traj: Trajectory, realized: list[dict[str, Any]], env: Environment, task: Task, budget: int) -> bool:
+    answer, rejections = None, 0
+    for r in realized:
+        if "actions" in r:
+            answer = r["actions"][0]["input"]
+            break
+        rejections += 1
+        if rejections > budget:
+            break
+    return env.grade(task, answer, {}).passed if answer is not None else False
+
+
 async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                        tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool,
-                        baseline: list[list[dict[str, Any]]] | None = None) -> ReplayReport:
+                        tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                        baseline: list[list[dict[str, Any]]] | None = None,
+                        rerun: EpisodeRerun | None = None) -> ReplayReport:
     """Re-realize every stored reply with the candidate's H2 (sandboxed, no model calls) and say which
-    tasks it would gain or lose. Single-turn tasks are regraded; a changed multi-turn episode is a loss
-    if it passed (it would act differently) and `unknown` otherwise. With `baseline` (the current
-    harness's replay), `rescued` counts replies per task that were rejected and now realize an action.
-    Raises CheckFailed if the candidate's code fails."""
+    tasks it would gain or lose.
+
+    An episode none of whose replies realizes differently is unchanged. A changed text-only episode (no
+    tools, no user) is regraded from its answer. A changed tool or conversation episode is re-run with its
+    stored replies when `rerun` is given (exact when it ends without asking anything new; see `rerun.py`),
+    else — or when it diverges — it is reported as changed (`changed` if it failed, `changed_passing` if it
+    passed), never guessed. With `baseline` (the current harness's replay), `rescued` counts replies per
+    task that were rejected and now realize an action. `single_turn` is kept for callers; whether an episode
+    is text-only is read from the episode itself. Raises CheckFailed if the candidate's code fails."""
     result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks), limits)
     if "error" in result:
         raise CheckFailed(f"replay failed: {result['error'].strip().splitlines()[-1]}")
     report = ReplayReport()
     budget = candidate.manifest.budget.max_rejections
+    to_rerun: list[Trajectory] = []
     for index, (traj, realized) in enumerate(zip(trajectories, result["results"], strict=True)):
         if baseline is not None:
             rescued = sum(1 for old, new in zip(baseline[index], realized, strict=False) if _better(old, new))
@@ -135,36 +164,51 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
         if new_actions == original and (not original or all("actions" in r for r in realized)):
             report.unchanged += 1
             continue
-        if single_turn:
-            answer, rejections = None, 0
-            for r in realized:
-                if "actions" in r:
-                    answer = r["actions"][0]["input"]
-                    break
-                rejections += 1
-                if rejections > budget:
-                    break
-            passed = env.grade(tasks[traj.task_id], answer, {}).passed if answer is not None else False
+        task = tasks[traj.task_id]
+        if text_only(traj, task):
+            passed = _regrade(traj, realized, env, task, budget)
             if traj.passed and not passed:
                 report.lost.append(traj.task_id)
             elif passed and not traj.passed:
                 report.gained.append(traj.task_id)
             else:
                 report.unchanged += 1
-        elif traj.passed:
-            report.lost.append(traj.task_id)  # a passing multi-turn episode would act differently
         else:
+            to_rerun.append(traj)
+    gate = asyncio.Semaphore(2)
+
+    async def one(traj: Trajectory) -> tuple[Trajectory, RerunOutcome | None]:
+        if rerun is None:
+            return traj, None
+        async with gate:
+            return traj, await rerun(candidate, tasks[traj.task_id], traj)
+
+    for traj, outcome in await asyncio.gather(*(one(t) for t in to_rerun)):
+        if outcome is None or not outcome.exact:
             report.unknown += 1
-            report.changed.append(traj.task_id)
+            (report.changed_passing if traj.passed else report.changed).append(traj.task_id)
+            continue
+        report.exact += 1
+        if traj.passed and not outcome.passed:
+            report.lost.append(traj.task_id)
+        elif outcome.passed and not traj.passed:
+            report.gained.append(traj.task_id)
+        else:
+            report.unchanged += 1
     report.raw = result["results"]
     return report
 
 
 async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> ReplayReport:
-    """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost."""
-    report = await replay_report(candidate, trajectories, env, tasks, limits, single_turn)
+                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                       rerun: EpisodeRerun | None = None) -> ReplayReport:
+    """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost, or would
+    act differently with an outcome replay cannot know."""
+    report = await replay_report(candidate, trajectories, env, tasks, limits, single_turn, rerun=rerun)
     if report.lost:
         raise CheckFailed(f"replay: the change would lose {len(report.lost)} passing task(s) "
                           f"(e.g. {report.lost[0]}); gained {len(report.gained)}")
+    if report.changed_passing:
+        raise CheckFailed(f"replay: {len(report.changed_passing)} passing episode(s) would act differently "
+                          f"(e.g. {report.changed_passing[0]}) with an outcome replay cannot know")
     return report

@@ -66,7 +66,7 @@ def reply_ending(reply: str) -> str:
     return "text"
 
 
-def _expected_text(gold: Any) -> str:
+def expected_text(gold: Any) -> str:
     if isinstance(gold, float) and gold.is_integer():
         return str(int(gold))
     if isinstance(gold, list):
@@ -107,6 +107,21 @@ def tool_facts(traj: Trajectory) -> dict[str, Any]:
             "no_tool_call": int(schema_tools and not calls)}
 
 
+TOOL_LEVERS: dict[str, tuple[str, ...]] = {  # every tool-call failure leads somewhere, never to "leave it"
+    "json_call_in_text": ("enable_repair json_in_text (see MEASURED: it turns calls written as JSON text into real "
+                          "calls)", "H3 rule: call the tools through the function-calling API, never write a call "
+                          "as text", "add_demo: a demonstration of a native call from a passing training task"),
+    "invalid_arguments": ("enable_repair coerce_types (see MEASURED)",
+                          "H3 rule or add_demo showing the argument format the schema wants"),
+    "unknown_tool": ("enable_repair near_tool_name (see MEASURED)", "H3 rule listing the exact tool names"),
+    "no_tool_call": ("H3 rule: the task is done only through the tools, called through the function-calling API",
+                     "add_demo: a demonstration of a native call from a passing training task"),
+    "repeated_call": ("H4 regulation: flag a repeated identical call and ask for a different step",
+                      "H3 rule: use a call's result instead of repeating the call"),
+    "tool_error": ("H3 rule or H5 skill about the tool's preconditions named in the error texts",),
+}
+
+
 def tool_failure(facts: dict[str, Any]) -> str | None:
     """The first tool-call failure kind present in an episode's facts, by priority."""
     return next((kind for kind in TOOL_FAILURES if facts.get(kind)), None)
@@ -116,7 +131,7 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
     models = traj.of_kind("model")
     replies = [e["reply"] for e in models]
     last = replies[-1] if replies else ""
-    expected = _expected_text(gold)
+    expected = expected_text(gold)
     rules = [e["rule"] for e in traj.of_kind("rejection")]
     truncated = any(e.get("finish_reason") == "length" for e in models)
     tool_errors = sum(1 for e in traj.of_kind("observation") if str(e.get("text", "")).startswith("Error"))
@@ -136,7 +151,7 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
         layer = "H2" if _gold_wrapper(last, expected) not in (None, "plain") else "model"
     tools = tool_facts(traj)
     tool_kind = tool_failure(tools)
-    if tool_kind and traj.termination in ("answered", "user_stop", "max_turns", "stopped"):
+    if tool_kind and traj.termination in ("answered", "user_stop", "max_turns", "stopped", "done"):
         layer = _TOOL_FAILURE_LAYER[tool_kind]
     shape = (f"tool:{tool_kind}" if tool_kind else reply_ending(last)) + ("+truncated" if truncated else "")
     facts = {
@@ -208,17 +223,13 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
         levers.append("set_max_tokens up, or an H3 rule asking for brevity")
     if majority(sum(r.facts["tool_errors"] > 0 for r in records)):
         levers.append("H3 rule or H5 skill about the tool's syntax or preconditions named in the error texts")
-    if majority(sum(r.termination in ("stopped", "max_turns") for r in records)):
-        levers.append("H4 budget/loop handling or an H3 rule on when to answer")
     tool_kinds = Counter(tool_failure(r.facts) for r in records)
-    if majority(tool_kinds["unknown_tool"]):
-        levers.append("H3 rule listing the exact tool names")
-    if majority(tool_kinds["invalid_arguments"]):
-        levers.append("H3 rule or demo showing the argument format the schema wants")
-    if majority(tool_kinds["repeated_call"]):
-        levers.append("H4 regulation: flag a repeated identical call and ask for a different step")
-    if majority(tool_kinds["no_tool_call"]):
-        levers.append("H3 rule: the task is done only through the tools (look up, then change); a demo of one call")
+    if majority(sum(r.termination in ("stopped", "max_turns") for r in records)) and not any(
+            k for k in tool_kinds if k):
+        levers.append("H4 budget/loop handling or an H3 rule on when to answer")
+    for kind in TOOL_FAILURES:
+        if tool_kinds[kind] and (majority(tool_kinds[kind]) or tool_kinds.most_common(1)[0][0] == kind):
+            levers.extend(TOOL_LEVERS[kind])
     if not unparsed and not any(k for k in tool_kinds if k) and not majority(
             sum(r.facts["expected_in_reply"] for r in records)):
         levers.append("the answer was parsed but is wrong: a reasoning error of the model (model-level); only a "
@@ -228,13 +239,39 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
     return levers
 
 
+def _label_like(text: str | None) -> bool:
+    return text is not None and 0 < len(text.strip()) <= 40 and len(text.split()) <= 5
+
+
+def confusion_facts(records: list[FailureRecord], expected_of: dict[str, str] | None = None,
+                    top: int = 5) -> dict[str, Any]:
+    """Across failures whose answers parsed: which expected answers were given which wrong answers (the top
+    pairs) and per expected answer how many tasks failed (of how many training tasks have it, when
+    `expected_of` maps every training task to its expected answer). Empty unless the answers look like labels."""
+    parsed = [r for r in records if r.final_answer is not None and _label_like(r.expected)]
+    if len(parsed) < 2 or not all(_label_like(r.final_answer) for r in parsed):
+        return {}
+    pairs = Counter((r.expected, r.final_answer.strip()) for r in parsed)  # type: ignore[union-attr]
+    totals = Counter(expected_of.values()) if expected_of else None
+    failing: dict[str, set[str]] = defaultdict(set)
+    for r in parsed:
+        failing[r.expected].add(r.task_id)
+    return {
+        "confusions": [{"expected": e, "given": g, "n": n} for (e, g), n in pairs.most_common(top)],
+        "label_errors": {label: {"errors": len(ids), "tasks": totals[label] if totals else None}
+                         for label, ids in sorted(failing.items())},
+    }
+
+
 def _tokens(signature: str) -> set[str]:
     return set(re.split(r"[|,+]", signature))
 
 
 def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]],
-              max_evidence: int = 3, merge_threshold: float = 0.6) -> list[Pattern]:
-    """Group failures into patterns. `outcomes[task] = (trials, passes)` over the same evaluation.
+              max_evidence: int = 3, merge_threshold: float = 0.6,
+              expected_of: dict[str, str] | None = None) -> list[Pattern]:
+    """Group failures into patterns. `outcomes[task] = (trials, passes)` over the same evaluation;
+    `expected_of` (task -> expected answer text, every training task) gives the per-label error rates.
 
     Exact signatures first; then groups with the same termination and layer whose signature tokens
     overlap by Jaccard >= merge_threshold are merged (near-duplicates, e.g. truncated vs not).
@@ -280,6 +317,7 @@ def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]]
             "rules": dict(Counter(x for r in bucket for x in r.rules)),
             "failures": len(bucket),
             "tool_failures": {k: v for k in TOOL_FAILURES if (v := sum(1 for r in bucket if r.facts.get(k)))},
+            **confusion_facts(bucket, expected_of),
         }
         evidence = [r.evidence() for r in bucket[:max_evidence]]
         patterns.append(Pattern(

@@ -22,7 +22,7 @@ from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
 from .failures import Pattern
-from .levers import repairs_of, verified
+from .levers import enabled_repairs, repairs_of, verified
 from .spec import Change, HarnessSpec, SpecError, max_items, parse_spec, salvage_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
@@ -59,10 +59,14 @@ def _measured_text(p: Pattern) -> list[str]:
     lines = []
     measured = p.facts.get("measured_levers") or []
     if measured:
-        lines.append("  MEASURED on the stored replies (replayed, zero model calls):")
+        lines.append("  MEASURED on the stored replies (replayed, zero model calls; enable a combination by its "
+                     "whole id, e.g. repair \"a+b\"):")
         for m in measured:
+            changed = (f", {m['changed_failing']} failing episode(s) act differently (outcome needs agent runs)"
+                       if m.get("changed_failing") else "")
+            passing = f", {m['changed_passing']} passing episode(s) act differently" if m.get("changed_passing") else ""
             lines.append(f"    {m['lever']}: +{m['gained']} task(s) of this pattern, -{m['lost']} passing task(s) "
-                         f"lost, {m['rescued_replies']} rejected repl(ies) now accepted")
+                         f"lost, {m['rescued_replies']} rejected repl(ies) now accepted{changed}{passing}")
     elif "measured_levers" in p.facts:
         lines.append("  MEASURED: no built-in repair gains a task of this pattern (do not propose one)")
     if p.facts.get("needs_model_calls"):
@@ -79,8 +83,17 @@ def patterns_text(patterns: list[Pattern], max_evidence: int = 2) -> str:
         fixable = p.facts.get("fixable_by", "")
         lines.append(f"{p.id} ({p.layer}, {len(p.tasks)} tasks, {p.support} failures"
                      f"{', fixable by: ' + fixable if fixable else ''}): {p.name}")
-        facts = {k: v for k, v in p.facts.items() if k not in ("measured_levers", "needs_model_calls", "fixable_by")}
+        hidden = ("measured_levers", "needs_model_calls", "fixable_by", "confusions", "label_errors")
+        facts = {k: v for k, v in p.facts.items() if k not in hidden}
         lines.append(f"  facts: {json.dumps(facts)}")
+        if p.facts.get("confusions"):
+            pairs = "; ".join(f"expected {c['expected']!r} -> answered {c['given']!r} ({c['n']}x)"
+                              for c in p.facts["confusions"][:5])
+            lines.append(f"  CONFUSIONS (most frequent wrong answers): {pairs}")
+        if p.facts.get("label_errors"):
+            worst = sorted(p.facts["label_errors"].items(), key=lambda kv: -kv[1]["errors"])[:6]
+            lines.append("  errors per expected answer: " + ", ".join(
+                f"{label} {v['errors']}/{v['tasks']}" for label, v in worst))
         lines.extend(_measured_text(p))
         lines.append(f"  other levers: {'; '.join(p.levers)}")
         for ev in p.evidence[:max_evidence]:
@@ -96,10 +109,14 @@ def patterns_text(patterns: list[Pattern], max_evidence: int = 2) -> str:
 def levers_text() -> str:
     repairs = "\n".join(f"  - {name}: {r.description}" for name, r in REPAIRS.items())
     return (
-        "- enable_repair (H2): turn on a built-in parser fallback by name:\n" + repairs + "\n"
-        "- add_rule (H3): one sentence added to the system prompt\n"
-        "- add_demo (H5): the library adds a worked example from a passing training task\n"
+        "- enable_repair (H2): turn on a built-in parser fallback by name (or a MEASURED combination by its id):\n"
+        + repairs + "\n"
+        "- add_rule (H3): one sentence added to the system prompt (e.g. one that tells two confused answers apart)\n"
+        "- add_demo (H5): the library adds a worked example from a passing training task (tool calls included)\n"
+        "- add_examples (H5, value = k): each task is shown the k most similar training tasks with their correct "
+        "answers (for answers that parse but are wrong)\n"
         "- add_skill (H5): a short tip retrieved for matching tasks\n"
+        "- set_samples (value = n, 3-9): sample n answers and keep the majority (costs n x agent tokens)\n"
         "- set_max_tokens: change the reply length limit\n"
         "- edit_code (H2/H4): rewrite action.py or regulate.py (risky; verified by replay)"
     )
@@ -108,7 +125,7 @@ def levers_text() -> str:
 def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
     """The reason to send a spec back once: it leaves out a measured zero-loss lever of a recurring
     pattern without naming that pattern in any rationale."""
-    enabled = {c.repair for c in spec.changes if c.kind == "enable_repair"}
+    enabled = enabled_repairs(spec)
     said = " ".join(c.rationale for c in spec.changes) + " " + spec.implementation_notes
     for p in patterns:
         best = verified(p) if p.classification == "recurring" else None
@@ -127,7 +144,8 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
         return None  # nothing was measured (e.g. replay unavailable)
     useful = {name for p in patterns for m in p.facts.get("measured_levers", [])
               for name in repairs_of(m)}
-    useless = [c.repair for c in spec.changes if c.kind == "enable_repair" and c.repair not in useful]
+    useless = [c.repair for c in spec.changes if c.kind == "enable_repair"
+               and any(n not in useful for n in c.repair.split("+"))]
     if not useless:
         return None
     return (f"enable_repair {', '.join(useless)}: replayed on the stored replies, it gains no task of any pattern; "
@@ -154,14 +172,14 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
         p = next(p for p in patterns if reason.startswith(p.id + " "))
         best = verified(p)
         assert best is not None
-        names = repairs_of(best)
-        change = Change(layer="H2", kind="enable_repair", repair=names[0], text="",
+        names = repairs_of(best)  # the whole measured combination, exactly as measured
+        change = Change(layer="H2", kind="enable_repair", repair="+".join(names), text="",
                         rationale=f"{p.id}: added by the library, measured on the stored replies "
                                   f"(+{best['gained']} task(s), 0 lost)")
         changes = [*spec.changes, change] if len(spec.changes) < limit else [*spec.changes[:-1], change]
         spec = spec.model_copy(update={"changes": changes,
                                        "patterns_addressed": sorted({*spec.patterns_addressed, p.id})})
-        added.append(f"enable_repair {names[0]} for {p.id}")
+        added.append(f"enable_repair {'+'.join(names)} for {p.id}")
     return spec, added
 
 
@@ -222,7 +240,9 @@ class SpecWriter:
         history: list[Message] = []
         error = ""
         for attempt in range(2):  # the spec, then one repair with the error shown
-            text, finish = await self._say(writer, prompt, schema=spec_json_schema(), history=history)
+            combinations = tuple(sorted({"+".join(repairs_of(m)) for p in patterns
+                                         for m in p.facts.get("measured_levers", [])}))
+            text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations), history=history)
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)

@@ -35,6 +35,7 @@ from ..sandbox.confine import bwrap_path, confine_tool_argv
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
 from .fdcr import render
+from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
 
 CONTENT_SCHEMA = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
@@ -55,19 +56,65 @@ class Candidate:
     error: str = ""
 
 
-def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, str]] | None:
-    """A worked example from the shortest passing training trajectory (user/assistant turns)."""
-    passing = sorted((t for t in trajectories if t.passed and t.replies()), key=lambda t: sum(map(len, t.replies())))
-    if not passing:
-        return None
-    traj = passing[0]
-    turns: list[dict[str, str]] = []
+def _made_calls(traj: Trajectory) -> bool:
+    return any(e["tool"] not in ("answer", "respond") for e in traj.of_kind("action"))
+
+
+def _demo_of(traj: Trajectory, tasks: dict[str, Task]) -> list[dict[str, Any]] | None:
+    """One passing episode as demonstration items, or None if it would show an empty assistant turn."""
+    if _made_calls(traj) or tasks[traj.task_id].user_scenario is not None:
+        messages = [m for m in traj.conversation if m.get("role") in ("user", "assistant", "tool")]
+        if not messages or any(m["role"] == "assistant" and not (m.get("content") or "").strip()
+                               and not m.get("tool_calls") for m in messages):
+            return None
+        return [{"messages": messages}]  # the calls and their results as real messages
+    turns: list[dict[str, Any]] = []
     user = tasks[traj.task_id].prompt
     observations = iter(e["text"] for e in traj.of_kind("observation"))
     for reply in traj.replies():
+        if not reply.strip():
+            return None
         turns.append({"user": user, "assistant": reply})
         user = next(observations, "")
-    return turns
+    return turns or None
+
+
+def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]] | None:
+    """A worked example from the shortest passing training trajectory: user/assistant turns for text episodes;
+    for tool and conversation episodes the whole exchange as messages (assistant calls, tool results).
+    A demonstration with an empty assistant turn is never returned."""
+    passing = sorted((t for t in trajectories if t.passed and t.replies() and t.task_id in tasks),
+                     key=lambda t: sum(map(len, t.replies())))
+    return next((demo for t in passing if (demo := _demo_of(t, tasks)) is not None), None)
+
+
+def answer_text(gold: Any) -> str | None:
+    """A gold answer as an example shows it; None for structured golds (states, action lists)."""
+    if isinstance(gold, bool) or isinstance(gold, (str, int)):
+        return str(gold)
+    if isinstance(gold, float):
+        return str(int(gold)) if gold.is_integer() else str(gold)
+    return None
+
+
+def example_format(trajectories: list[Trajectory]) -> str:
+    """How an example's answer is written: a passing reply's last line with its answer as `{answer}`."""
+    for t in sorted((t for t in trajectories if t.passed and t.final_answer and t.replies()),
+                    key=lambda t: len(t.replies()[-1])):
+        lines = [line for line in t.replies()[-1].strip().splitlines() if line.strip()]
+        if lines and t.final_answer and t.final_answer in lines[-1]:
+            return lines[-1].replace(t.final_answer, "{answer}", 1)
+    return "Answer: {answer}"
+
+
+def examples_file(tasks: dict[str, Task], trajectories: list[Trajectory], k: int) -> str | None:
+    """`examples.json` from the training tasks given (the train split only) with their gold answers."""
+    items = [{"prompt": t.prompt, "answer": a} for t in tasks.values() if t.split == "train"
+             and (a := answer_text(t.gold)) is not None]
+    if not items:
+        return None
+    return json.dumps({"k": k, "retriever": "bm25", "format": example_format(trajectories), "examples": items},
+                      indent=1) + "\n"
 
 
 def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
@@ -90,10 +137,22 @@ def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: l
             notes.append(f"H3 rule added to {contract}")
         elif change.kind == "enable_repair":
             enabled = json.loads(files.get(REPAIRS_FILE) or "[]")
-            if change.repair not in enabled:
-                enabled.append(change.repair)
+            names = [n for n in change.repair.split("+") if n]
+            enabled += [n for n in names if n not in enabled]
             files[REPAIRS_FILE] = json.dumps(enabled) + "\n"
-            notes.append(f"H2 repair {change.repair} enabled")
+            notes.append(f"H2 repair(s) {'+'.join(names)} enabled")
+        elif change.kind == "add_examples":
+            k = change.value or 3
+            text = examples_file(tasks, trajectories, k)
+            if text is None:
+                notes.append("add_examples skipped: no training task has a plain gold answer")
+                continue
+            files[current.manifest.files.examples or "examples.json"] = text
+            notes.append(f"H5 retrieved labelled examples: {k} per task from {len(json.loads(text)['examples'])} "
+                         "training tasks")
+        elif change.kind == "set_samples":
+            files["harness.toml"] = set_manifest_value(files["harness.toml"], "generation", "samples", change.value)
+            notes.append(f"generation.samples = {change.value} (self-consistency; up to {change.value}x agent tokens)")
         elif change.kind == "add_skill":
             items = skills()
             items.append({"id": f"s{len(items) + 1}", "trigger": "*", "tip": change.text.strip()})
@@ -200,6 +259,7 @@ class Implementer:
     limits: SandboxLimits
     attempts: int = 4
     external: ExternalCommand | None = None
+    rerun: EpisodeRerun | None = None  # exact replay of tool/multi-turn episodes (`rerun.runner_rerun`)
 
     async def _rewrite(self, files: dict[str, str], change: Change, examples: list[str], error: str,
                        sample: int) -> str:
@@ -262,7 +322,7 @@ class Implementer:
                     if f not in (REPAIRS_FILE, current.manifest.files.action))
                 if deterministic:
                     candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits,
-                                                          single_turn)
+                                                          single_turn, self.rerun)
                 candidate.version = version
                 candidate.attempts.append({"sample": sample, "ok": True,
                                            "replay": candidate.replay.to_dict() if candidate.replay else None})

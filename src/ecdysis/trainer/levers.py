@@ -22,9 +22,11 @@ from ..harness.repairs import CATALOG, REPAIRS_FILE
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, replay_report
 from .failures import Pattern
+from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
 
 HARNESS_LAYERS = ("H2", "H3", "H4", "H5", "loop")
+DEFAULT_EXAMPLES = 3  # retrieved labelled examples per task
 STEP_CHECK_RULE = "Before you give your final answer, check each step of your work once."
 
 
@@ -35,7 +37,9 @@ class Measurement:
     repairs: list[str]
     gained: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
-    changed: list[str] = field(default_factory=list)  # multi-turn: failing episodes that would act differently
+    changed: list[str] = field(default_factory=list)  # tool/multi-turn: failing episodes that act differently
+    changed_passing: list[str] = field(default_factory=list)  # passing episodes that act differently, unknown outcome
+    exact: int = 0  # changed tool/multi-turn episodes graded exactly by a re-run with stored replies
     rescued: dict[str, int] = field(default_factory=dict)  # task -> rejected replies now realized
     error: str = ""
 
@@ -50,8 +54,11 @@ def _with_repairs(current: HarnessVersion, names: list[str]) -> HarnessVersion:
 
 
 async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                          tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool) -> list[Measurement]:
-    """Replay each repair not yet enabled, then the useful ones together. No model calls."""
+                          tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                          rerun: EpisodeRerun | None = None) -> list[Measurement]:
+    """Replay each repair not yet enabled, then the useful ones together. No model calls. With `rerun`
+    (`rerun.runner_rerun(runner)`), changed tool and multi-turn episodes are re-run with their stored
+    replies: exact grades where they end without asking anything new, `changed` where they diverge."""
     if not trajectories:
         return []
     try:
@@ -65,17 +72,19 @@ async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory
         m = Measurement(names)
         try:
             report = await replay_report(_with_repairs(current, names), trajectories, env, tasks, limits,
-                                         single_turn, baseline)
+                                         single_turn, baseline, rerun)
         except CheckFailed as exc:
             m.error = str(exc)
             return m
         m.gained, m.lost, m.changed, m.rescued = report.gained, report.lost, report.changed, report.rescued
+        m.changed_passing, m.exact = report.changed_passing, report.exact
         return m
 
     for name in CATALOG:
         if name not in enabled:
             out.append(await measure([name]))
-    useful = [m.repairs[0] for m in out if (m.gained or m.rescued) and not m.lost]
+    useful = [m.repairs[0] for m in out if (m.gained or m.rescued or m.changed) and not m.lost
+              and not m.changed_passing]
     if len(useful) >= 2:
         out.append(await measure(useful))
     return out
@@ -91,38 +100,57 @@ def attach(patterns: list[Pattern], measurements: list[Measurement], trajectorie
             gained = sorted(own & set(m.gained))
             rescued = sum(n for t, n in m.rescued.items() if t in own)
             changed = sorted(own & set(m.changed))
-            if gained or rescued:
-                measured.append({"lever": m.lever, "gained": len(gained), "lost": len(m.lost),
-                                 "rescued_replies": rescued, "changed_failing": len(changed), "model_calls": 0})
-        measured.sort(key=lambda x: (-x["gained"], x["lost"], -x["rescued_replies"]))
+            if gained or rescued or changed:
+                measured.append({"lever": m.lever, "repairs": list(m.repairs), "gained": len(gained),
+                                 "lost": len(m.lost), "rescued_replies": rescued, "changed_failing": len(changed),
+                                 "changed_passing": len(m.changed_passing), "model_calls": 0})
+        measured.sort(key=lambda x: (-x["gained"], x["lost"] + x["changed_passing"], -x["changed_failing"],
+                                     -x["rescued_replies"], len(x["repairs"])))
         p.facts["measured_levers"] = measured[:4]
+        labels = {str(c) for t in p.tasks if t in tasks for c in tasks[t].public.get("choices") or ()}
+        answer_set = next((m for m in measurements if m.repairs == ["answer_set"]), None)
+        if labels and answer_set is not None:  # declared answer set, constraint not enabled yet
+            lost = len(answer_set.lost) + len(answer_set.changed_passing)
+            p.facts["answer_set"] = {"labels": len(labels), "lost": lost}
         p.facts["needs_model_calls"] = model_call_levers(p, trajectories, tasks)
     return rank(patterns)
 
 
 def repairs_of(measured: dict[str, Any]) -> list[str]:
-    """The repair names of a measured lever entry ("enable_repair a+b" -> ["a", "b"])."""
-    return measured["lever"].removeprefix("enable_repair ").split("+")
+    """The repair names of a measured lever entry ("enable_repair a+b" -> ["a", "b"]): exactly what it measured."""
+    return list(measured.get("repairs") or measured["lever"].removeprefix("enable_repair ").split("+"))
+
+
+def _safe(m: dict[str, Any]) -> bool:
+    return m["lost"] == 0 and m.get("changed_passing", 0) == 0
 
 
 def verified(p: Pattern) -> dict[str, Any] | None:
-    """The pattern's best measured lever that gains tasks and loses none, if any."""
-    return next((m for m in p.facts.get("measured_levers", []) if m["gained"] > 0 and m["lost"] == 0), None)
+    """The pattern's best measured lever that gains tasks (graded exactly) and loses none, if any."""
+    return next((m for m in p.facts.get("measured_levers", []) if m["gained"] > 0 and _safe(m)), None)
+
+
+def measured_candidate(p: Pattern) -> dict[str, Any] | None:
+    """The pattern's best lever that changes only failing episodes and loses none: verified, or (for episodes
+    replay cannot grade to the end) one whose effect on the changed failing episodes needs agent runs."""
+    return verified(p) or next((m for m in p.facts.get("measured_levers", [])
+                                if m.get("changed_failing", 0) > 0 and _safe(m)), None)
 
 
 def rank(patterns: list[Pattern]) -> list[Pattern]:
     """Recurring patterns first: verified harness gains, then harness-layer causes, then model-level;
     within a class by number of tasks. Ids are renumbered P1, P2, ... in that order."""
     def key(p: Pattern) -> tuple[int, int, int]:
-        v = verified(p)
+        v = measured_candidate(p)
         cls = 0 if v else 1 if p.layer in HARNESS_LAYERS else 2
-        return (p.classification != "recurring", cls, -(v["gained"] if v else len(p.tasks)))
+        return (p.classification != "recurring", cls, -(v["gained"] + v["changed_failing"] if v else len(p.tasks)))
 
     ordered = sorted(patterns, key=key)
     for index, p in enumerate(ordered, 1):
         p.id = f"P{index}"
-        v = verified(p)
-        p.facts["fixable_by"] = ("verified harness lever" if v else "harness layer" if p.layer in HARNESS_LAYERS
+        p.facts["fixable_by"] = ("verified harness lever" if verified(p) else
+                                 "measured harness lever (changes only failing episodes)" if measured_candidate(p)
+                                 else "harness layer" if p.layer in HARNESS_LAYERS
                                  else "model-level (reasoning/knowledge)")
     return ordered
 
@@ -131,24 +159,40 @@ def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[st
     """Levers whose effect only agent runs can show (each costs one evaluation of the pattern's tasks).
     Phrased as descriptions, not as rule text, so small models do not copy them into a rule."""
     out: list[str] = []
+    tool_kinds = set(p.facts.get("tool_failures") or {})
+    if tool_kinds:
+        demo = demo_source(p, trajectories, tasks, with_calls=True)
+        if demo:
+            out.append(f"a demonstration of a native tool call, bootstrapped from passing training task {demo}")
+        if tool_kinds & {"json_call_in_text", "no_tool_call"}:
+            out.append("a rule that tools are called through the function-calling API, never written as text")
     if p.facts.get("rules"):
         out.append("a second try after a rejection (more turns; the feedback already goes to the model)")
     if p.facts.get("truncated"):
         out.append("a higher token limit")
-    if p.layer == "model" or p.facts.get("answer_parsed", 0) >= max(1, p.support // 2):
+    if not tool_kinds and (p.layer == "model" or p.facts.get("answer_parsed", 0) >= max(1, p.support // 2)):
+        out.append("add_examples: the k training tasks most similar to each task, with their gold answers, "
+                   "shown as worked examples (retrieved per task)")
+        if p.facts.get("confusions"):
+            top = p.facts["confusions"][0]
+            out.append(f"a rule that tells {top['expected']!r} from {top['given']!r} apart (the most confused pair)")
         demo = demo_source(p, trajectories, tasks)
         if demo:
             out.append(f"a demonstration the library bootstraps from passing training task {demo} (same kind)")
         out.append(f"a general step-checking rule, e.g. \"{STEP_CHECK_RULE}\"")
+        out.append("set_samples: sample n answers and keep the majority (costs n x agent tokens)")
     out.append("a rule or tip about the cause, written to the agent")
     return out
 
 
-def demo_source(p: Pattern, trajectories: list[Trajectory], tasks: dict[str, Task]) -> str | None:
-    """A passing training task of the same kind as the pattern's tasks (same meta type when tasks have one)."""
+def demo_source(p: Pattern, trajectories: list[Trajectory], tasks: dict[str, Task],
+                with_calls: bool = False) -> str | None:
+    """A passing training task of the same kind as the pattern's tasks (same meta type when tasks have one);
+    `with_calls`: one whose episode made a tool call."""
     kinds = {tasks[t].meta.get("type") for t in p.tasks if t in tasks}
-    passing = sorted((t for t in trajectories if t.passed and t.task_id in tasks),
-                     key=lambda t: sum(map(len, t.replies())))
+    passing = sorted((t for t in trajectories if t.passed and t.task_id in tasks and (
+        not with_calls or any(e["tool"] not in ("answer", "respond") for e in t.of_kind("action")))),
+        key=lambda t: sum(map(len, t.replies())))
     for t in passing:
         if tasks[t.task_id].meta.get("type") in kinds:
             return t.task_id
@@ -175,16 +219,75 @@ def library_demo_spec(patterns: list[Pattern]) -> HarnessSpec | None:
                        implementation_notes="library candidate", expected_effect="decided by acceptance")
 
 
+def _repairs_spec(p: Pattern, m: dict[str, Any], why: str) -> HarnessSpec:
+    """A spec enabling exactly the repairs of a measured lever (one change; the combination as one id)."""
+    names = repairs_of(m)
+    change = Change(layer="H2", kind="enable_repair", repair="+".join(names), text="",
+                    rationale=f"{p.id}: {why} ({m['lever']}: +{m['gained']} gained, {m.get('changed_failing', 0)} "
+                              f"failing changed, {m['lost']} lost)")
+    return HarnessSpec(patterns_addressed=[p.id], changes=[change], skills=[],
+                       implementation_notes="library candidate: the measured lever, exactly as measured",
+                       expected_effect="decided by acceptance")
+
+
+def enabled_repairs(spec: HarnessSpec) -> set[str]:
+    """Every repair a spec's structured fields enable (a combination id counts as its parts)."""
+    return {name for c in spec.changes if c.kind == "enable_repair" for name in c.repair.split("+") if name}
+
+
 def candidate_variants(spec: HarnessSpec, patterns: list[Pattern]) -> list[tuple[str, HarnessSpec]]:
-    """Alternative specs to validate next to the whole spec, as (name, spec): the engine picks among
-    them on train (cache-served) and decides on val. Today: the spec's H2 repairs alone, when it
-    bundles them with prompt edits."""
+    """Alternative specs to validate next to the whole spec, as (name, spec): the engine picks among them on
+    train (cache-served: none changes a prompt) and decides on val. They are the spec's H2 repairs alone when
+    it bundles them with prompt edits, and, for every pattern it addresses whose best measured lever
+    (verified first, else one that changes only failing episodes) is not exactly what the spec enables,
+    that lever's repairs exactly as measured. The roles' free text never decides which repairs run."""
+    out: list[tuple[str, HarnessSpec]] = []
     part = spec.deterministic_part()
-    return [("repairs only", part)] if part is not None else []
+    if part is not None:
+        out.append(("repairs only", part))
+    seen = [enabled_repairs(spec), *(enabled_repairs(v) for _, v in out)]
+    by_id = {p.id: p for p in patterns}
+    for pid in spec.patterns_addressed:
+        p = by_id.get(pid)
+        best = measured_candidate(p) if p is not None else None
+        if p is None or best is None or set(repairs_of(best)) in seen:
+            continue
+        seen.append(set(repairs_of(best)))
+        out.append((f"measured lever {best['lever']}", _repairs_spec(p, best, "the measured lever")))
+    return out
 
 
 def library_fallback_specs(patterns: list[Pattern]) -> list[HarnessSpec]:
-    """What the library tries, in order, when the roles give nothing that runs. Today: the
-    bootstrapped demonstration of `library_demo_spec`, if any."""
+    """What the library tries, in order, when the roles give nothing that runs (each decided by acceptance):
+    the measured repairs of recurring patterns (e.g. `json_in_text` for calls written as text: verified, or
+    changing only failing episodes); for model-level patterns retrieved labelled demonstrations, then the
+    answer-set constraint where tasks declare one (and its replay lost nothing); then the bootstrapped
+    demonstration of `library_demo_spec`."""
+    recurring = [p for p in patterns if p.classification == "recurring"]
+    out: list[HarnessSpec] = []
+    tried: list[set[str]] = []
+    for p in recurring:
+        best = measured_candidate(p)
+        if best is not None and set(repairs_of(best)) not in tried:
+            tried.append(set(repairs_of(best)))
+            out.append(_repairs_spec(p, best, "proposed by the library from its measurement"))
+    model_level = [p for p in recurring if p.layer == "model" and not p.facts.get("tool_failures")]
+    if model_level:
+        target = model_level[0]
+        out.append(HarnessSpec(
+            patterns_addressed=[target.id], skills=[], expected_effect="decided by acceptance",
+            implementation_notes="library candidate: retrieved labelled examples",
+            changes=[Change(layer="H5", kind="add_examples", value=DEFAULT_EXAMPLES, text="",
+                            rationale=f"{target.id}: model-level; show the most similar training tasks with "
+                                      "their answers")]))
+        constrained = next((p for p in model_level if (a := p.facts.get("answer_set")) and a["lost"] == 0), None)
+        if constrained is not None and {"answer_set"} not in tried:
+            out.append(HarnessSpec(
+                patterns_addressed=[constrained.id], skills=[], expected_effect="decided by acceptance",
+                implementation_notes="library candidate: answer-set constraint",
+                changes=[Change(layer="H2", kind="enable_repair", repair="answer_set", text="",
+                                rationale=f"{constrained.id}: answers must be one of the declared labels")]))
     demo = library_demo_spec(patterns)
-    return [demo] if demo is not None else []
+    if demo is not None:
+        out.append(demo)
+    return out

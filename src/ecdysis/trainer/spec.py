@@ -12,7 +12,8 @@ from pydantic import BaseModel, Field, ValidationError
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG as REPAIRS
 
-ChangeKind = Literal["add_rule", "enable_repair", "add_skill", "add_demo", "set_max_tokens", "edit_code"]
+ChangeKind = Literal["add_rule", "enable_repair", "add_skill", "add_demo", "add_examples", "set_samples",
+                     "set_max_tokens", "edit_code"]
 Layer = Literal["H2", "H3", "H4", "H5"]
 
 
@@ -21,8 +22,8 @@ class Change(BaseModel):
     kind: ChangeKind
     file: str = ""  # edit_code: the file to rewrite
     text: str = ""  # add_rule: the rule; add_skill: the tip; edit_code: what to change
-    repair: str = ""  # enable_repair: a name from the repair catalog
-    value: int = 0  # set_max_tokens
+    repair: str = ""  # enable_repair: a name from the repair catalog, or a measured combination "a+b"
+    value: int = 0  # set_max_tokens: tokens; add_examples: k (examples per task); set_samples: n
     rationale: str = ""
 
 
@@ -69,8 +70,9 @@ def max_items(name: str) -> int:
     return next(m.max_length for m in HarnessSpec.model_fields[name].metadata if hasattr(m, "max_length"))
 
 
-def spec_json_schema() -> dict[str, Any]:
-    """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept.
+def spec_json_schema(combinations: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept. `combinations`
+    (measured levers' ids such as "answer_phrase+last_number") are allowed as `repair` values too.
 
     Strings are length-bounded: small models otherwise write until the token limit cuts the JSON.
     """
@@ -82,7 +84,7 @@ def spec_json_schema() -> dict[str, Any]:
             "layer": {"type": "string", "enum": ["H2", "H3", "H4", "H5"]},
             "kind": {"type": "string", "enum": list(ChangeKind.__args__)},  # type: ignore[attr-defined]
             "file": short, "text": s,
-            "repair": {"type": "string", "enum": ["", *REPAIRS]},
+            "repair": {"type": "string", "enum": ["", *REPAIRS, *(c for c in combinations if c not in REPAIRS)]},
             "value": {"type": "integer"},
             "rationale": s,
         },
@@ -144,8 +146,12 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
         problems.append(f"patterns_addressed names unknown patterns {unknown}; known: {sorted(pattern_ids)}")
     for i, c in enumerate(spec.changes):
         where = f"changes[{i}] ({c.kind})"
-        if c.kind == "enable_repair" and c.repair not in REPAIRS:
-            problems.append(f"{where}: repair must be one of {sorted(REPAIRS)}")
+        if c.kind == "enable_repair" and (not c.repair or any(n not in REPAIRS for n in c.repair.split("+"))):
+            problems.append(f"{where}: repair must be one of {sorted(REPAIRS)} (or a measured combination a+b)")
+        if c.kind == "add_examples" and not 0 <= c.value <= 8:
+            problems.append(f"{where}: value (examples per task) must be between 1 and 8 (0: the default)")
+        if c.kind == "set_samples" and not 3 <= c.value <= 9:
+            problems.append(f"{where}: value (samples per answer) must be between 3 and 9")
         if c.kind in ("add_rule", "add_skill") and (why := agent_text_problem(c.text)):
             problems.append(f"{where}: the text {why}")
         if c.kind == "edit_code" and (c.file not in harness.files or not c.file.endswith(".py")):

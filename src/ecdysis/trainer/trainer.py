@@ -23,11 +23,12 @@ from ..models.cache import MeteredModel
 from ..runner.runner import Runner
 from ..workspace import Workspace
 from . import records
-from .failures import Pattern, aggregate, failure_record
+from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach, measure_repairs, measurement_records
 from .records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
+from .rerun import runner_rerun
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -138,7 +139,8 @@ class TrainContext:
     def implementer(self) -> Implementer:
         """Builds candidates from specs: the implementer role, or the configured external command."""
         return Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
-                           self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train))
+                           self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train),
+                           rerun=runner_rerun(self.runner))
 
     def single_turn(self, harness: HarnessVersion) -> bool:
         """True when the harness offers none of the environment's tools (replay can regrade answers)."""
@@ -182,7 +184,9 @@ class TrainContext:
         gold = {t.id: t.gold for t in self.train_tasks}
         threshold = self.cfg.train.failure_threshold
         failures = [failure_record(t, gold[t.task_id]) for t in trajectories if t.score < threshold]
-        return aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern)
+        expected = {t.id: expected_text(t.gold) for t in self.train_tasks}  # per-label error rates
+        return aggregate(failures, outcomes(trajectories), self.cfg.train.max_evidence_per_pattern,
+                         expected_of=expected)
 
     async def grounded_patterns(self, key: str, current: HarnessVersion, trajectories: list[Trajectory]
                                 ) -> tuple[list[Pattern], list[Measurement]]:
@@ -196,7 +200,8 @@ class TrainContext:
                 Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in measured]
         tasks = {t.id: t for t in self.train_tasks}
         measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
-            current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current)))
+            current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),
+            rerun=runner_rerun(self.runner)))
         self.store.put_record(self.run_id, "measurements", key, measurement_records(measurements))
         patterns = attach(self.patterns_of(trajectories), measurements, trajectories, tasks)
         self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
