@@ -13,7 +13,7 @@ import pytest
 from helpers import Roles, add_answer, make_ws
 
 from ecdysis.models import Message, ScriptedModel
-from ecdysis.report.data import load_run, trajectory_anchor
+from ecdysis.report.data import compare_curves, load_run, trajectory_anchor
 from ecdysis.report.html import render_report
 from ecdysis.store import RunStore
 from ecdysis.trainer import train_async
@@ -67,6 +67,12 @@ async def test_compare_report_plots_every_arm_and_lists_their_results(tmp_path: 
     assert table.count("<tr>") == 1 + len(results)
     speed = text[text.index('id="plot-speed"'):]
     assert "serial train" in speed[:speed.index("</svg>")] and "ecdysis train" in speed[:speed.index("</svg>")]
+    curves = text[text.index('id="plot-curves"'):]  # the compare's curves: score vs wall time and executions
+    curves = curves[:curves.index("</svg>")]
+    assert "cumulative agent executions" in curves and "cumulative training wall time" in curves
+    assert "serial" in curves and "ecdysis" in curves and "fixed" not in curves  # fixed has no training curve
+    assert [c.arm for c in compare_curves(store)] == ["serial", "ecdysis"]
+    assert [p.step for p in compare_curves(store)[1].points] == [p.step for p in results[2].curve]
 
 
 async def test_show_and_diff_print_rounds_and_the_harness_change(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from ..agent.trajectory import Trajectory
 from ..harness.manifest import diff_versions
 from ..store.db import RunStore
 from ..trainer import records
-from ..trainer.records import AcceptRule, RoundRecord, SpecRecord
+from ..trainer.records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
 
 
 @dataclass
@@ -254,3 +254,33 @@ def training_runs(store: RunStore) -> list[RunView]:
 def compare_arms(store: RunStore) -> list[dict[str, Any]]:
     """The recorded results of `ecdysis compare` in this store (one row per arm and seed), if any."""
     return [data for _, data in store.records("compare", "arm")]
+
+
+@dataclass
+class ArmCurve:
+    """One arm's training curve in one seed of a compare: the current harness's score (val, else train)
+    against cumulative training wall time and agent executions."""
+
+    arm: str
+    seed: int
+    points: list[CurvePoint]
+
+    def series(self, x: str) -> list[tuple[float, float]]:
+        """(x, score) per point with a score; x is `wall_s` or `agent_executions`."""
+        out = []
+        for p in self.points:
+            score = p.val_score if p.val_score is not None else p.train_score
+            if score is not None:
+                out.append((float(getattr(p, x)), score))
+        return out
+
+
+def compare_curves(store: RunStore) -> list[ArmCurve]:
+    """The curves `ecdysis compare` recorded in this store (key `ARM/seedN`), in recorded order."""
+    curves = []
+    for key, points in store.records("compare", "curve"):
+        arm, _, seed = key.rpartition("/seed")
+        parsed = sorted((CurvePoint.model_validate(p) for p in points), key=lambda p: p.step)
+        if parsed:
+            curves.append(ArmCurve(arm, int(seed) if seed.isdigit() else 0, parsed))
+    return curves

@@ -8,11 +8,21 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from ..store.db import RunStore
-from .data import VersionNode, compare_arms, fmt, load_run, summary_card, training_runs, trajectory_anchor
+from .data import (
+    VersionNode,
+    compare_arms,
+    compare_curves,
+    fmt,
+    load_run,
+    summary_card,
+    training_runs,
+    trajectory_anchor,
+)
 from .plots import all_plots
 
 COMPARE_COLUMNS = ("arm", "seed", "train_wall_s", "agent_executions", "optimizer_tokens", "accepted_edits",
-                   "rejected_edits", "train_acc", "val_acc", "test_acc", "speedup_vs_serial", "test_gain_vs_fixed")
+                   "rejected_edits", "train_acc", "val_acc", "test_acc", "speedup_vs_serial", "time_to_final_s",
+                   "speedup_to_serial_acc", "test_gain_vs_fixed")
 
 
 def diff_lines(diff: str) -> list[tuple[str, str]]:
@@ -63,7 +73,8 @@ def render_report(store: RunStore, run_id: str) -> str:
     env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=True)  # model text is data
     template = env.get_template("report.html.j2")
     return template.render(
-        run=run, card=summary_card(run), plots=all_plots(run, arms), compare=compare_arms(store),
+        run=run, card=summary_card(run), plots=all_plots(run, arms, compare_curves(store)),
+        compare=compare_arms(store),
         compare_cols=COMPARE_COLUMNS, lineage_html=lineage_html(run.lineage), fmt=fmt, diff_lines=diff_lines,
         anchor=trajectory_anchor, store_path=str(store.path))
 

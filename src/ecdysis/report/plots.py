@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from .data import RunView
+from .data import ArmCurve, RunView
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -120,12 +120,42 @@ def patterns_per_round(run: RunView) -> str:
     return _svg(fig)
 
 
-def all_plots(run: RunView, arms: list[RunView]) -> dict[str, Any]:
-    """Every plot of the report by id (title, SVG)."""
-    return {
+def compare_curves_plot(curves: list[ArmCurve]) -> str:
+    """Each compare arm's current-harness score (val, else train) after every decision, against cumulative
+    training wall time (left) and agent executions (right); one colour per arm, one line per seed (steps:
+    the harness holds its score until the next decision)."""
+    fig = _figure(9.0, 3.4)
+    axes = fig.subplots(1, 2, sharey=True)
+    colors = {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(dict.fromkeys(c.arm for c in curves))}
+    styles = ("-", "--", ":", "-.")
+    for ax, x, label in ((axes[0], "wall_s", "cumulative training wall time (s)"),
+                         (axes[1], "agent_executions", "cumulative agent executions")):
+        seen: set[str] = set()
+        for c in curves:
+            points = c.series(x)
+            if not points:
+                continue
+            ax.step(*zip(*points, strict=True), where="post", marker="o", markersize=3, color=colors[c.arm],
+                    linestyle=styles[c.seed % len(styles)], label=None if c.arm in seen else c.arm)
+            seen.add(c.arm)
+        ax.set_xlabel(label)
+        ax.set_ylim(-0.05, 1.05)
+    axes[0].set_ylabel("score of the current harness")
+    axes[0].legend(fontsize=8, loc="best")
+    return _svg(fig)
+
+
+def all_plots(run: RunView, arms: list[RunView], curves: list[ArmCurve] | None = None) -> dict[str, Any]:
+    """Every plot of the report by id (title, SVG); the compare curves when the store holds a compare."""
+    plots = {
         "accuracy": ("Accuracy per round", accuracy_per_round(run)),
         "speed": ("Accuracy against cumulative training time" + (" (all arms)" if len(arms) > 1 else ""),
                   accuracy_vs_time(arms or [run])),
         "cost": ("Executions and tokens per step", cost_per_step(run)),
         "patterns": ("Failure patterns per round", patterns_per_round(run)),
     }
+    if curves:
+        seeds = len({c.seed for c in curves})
+        plots["curves"] = (f"Compare: score against training cost, every arm ({seeds} seed(s))",
+                           compare_curves_plot(curves))
+    return plots
