@@ -1,6 +1,9 @@
 """Bring-your-own single-turn tasks: a JSONL file plus a grader (see `graders.py`).
 
-Each line: {"id": "...", "prompt": "...", "answer": <anything JSON>, "split": "train|val|test"?}.
+Each line: {"id": "...", "prompt": "...", "answer": <anything JSON>, "split": "train|val|test"?,
+"choices": [...]?, "kind": "..."?}. A finite answer set (`choices` on a line, or `env.options.labels` for every
+task) is declared to the harness as `public["choices"]` (the `answer_set` repair maps or rejects answers
+outside it); `kind` goes to `task.meta["type"]`.
 The grader runs in the host; one that raises scores that task 0 with the exception recorded.
 Lines without a split are partitioned train/val/test by a seeded hash.
 """
@@ -34,6 +37,7 @@ class JsonlSuite:
     tolerance: float | None = None  # the numeric grader's relative tolerance
     fractions: tuple[float, float] = (0.6, 0.2)  # train, val; the rest is test
     tool_names: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # the answer set of every task (a classification suite's labels)
     name: str = "jsonl"
     _grader_fn: Grader | None = field(default=None, repr=False)
 
@@ -59,7 +63,12 @@ class JsonlSuite:
             split = obj.get("split") or self._split(task_id)
             if split not in SPLITS:
                 raise TaskFileError(f"{path}:{lineno}: split {split!r} is not one of {SPLITS}")
-            tasks.append(Task(id=task_id, split=split, prompt=prompt, gold=obj["answer"]))
+            choices = obj.get("choices") or list(self.labels)
+            if not isinstance(choices, list):
+                raise TaskFileError(f"{path}:{lineno}: field 'choices' should be a list")
+            tasks.append(Task(id=task_id, split=split, prompt=prompt, gold=obj["answer"],
+                              public={"choices": [str(c) for c in choices]} if choices else {},
+                              meta={"type": str(obj["kind"])} if obj.get("kind") else {}))
         return tasks
 
     def tasks(self, split: str) -> list[Task]:
@@ -79,15 +88,16 @@ class JsonlSuite:
 
 def from_options(data_dir: Path | None = None, seed: int = 0, path: str | None = None,
                  grader: str = JsonlSuite.grader, search: list[Path] | None = None,
-                 tolerance: float | None = None, **unknown: Any) -> JsonlSuite:
+                 tolerance: float | None = None, labels: list[str] | None = None, **unknown: Any) -> JsonlSuite:
     """Factory for `env.name = "jsonl"`: needs `env.options.path` (or `--tasks FILE`). The grader is
     loaded now, so a wrong reference fails before any episode runs."""
     if unknown:
         raise ValueError(f"the jsonl environment has no option(s) {sorted(unknown)}; "
-                         "options: path, grader, tolerance")
+                         "options: path, grader, tolerance, labels")
     if not path:
         raise ValueError("the jsonl environment needs a task file: --tasks FILE (or env.options.path)")
-    suite = JsonlSuite(path=Path(path), grader=grader, seed=seed, search=list(search or []), tolerance=tolerance)
+    suite = JsonlSuite(path=Path(path), grader=grader, seed=seed, search=list(search or []), tolerance=tolerance,
+                       labels=tuple(str(x) for x in labels or ()))
     suite._grader_fn = load_grader(grader, suite.search, tolerance)
     return suite
 

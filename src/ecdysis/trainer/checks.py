@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -23,7 +24,9 @@ from .rerun import EpisodeRerun, RerunOutcome
 
 INTERFACE = {"action": ("realize", 2), "regulate": ("regulate", 1), "loop": ("run", 1)}
 SHINGLE = 8
-EXEMPT_FROM_LEAK_CHECK = ("demos.json",)  # library-bootstrapped from passing training trajectories
+# library-written from the training split: demos bootstrapped from passing training trajectories, and labelled
+# training examples (checked instead to hold nothing but training tasks with their own gold answers)
+EXEMPT_FROM_LEAK_CHECK = ("demos.json", "examples.json")
 
 
 class CheckFailed(ValueError):
@@ -78,7 +81,30 @@ def _distinctive(gold: Any) -> list[str]:
     return out
 
 
+def check_examples(new: HarnessVersion, train_tasks: list[Task]) -> None:
+    """Retrieved labelled examples may hold training tasks with their gold answers, by design, and nothing
+    else: an example whose prompt is not a training task's, or whose answer is not that task's gold, is
+    refused (so no val or test text, and no test gold, can enter a harness this way)."""
+    from .implement import answer_text
+
+    text = new.layer_text("examples")
+    if not text:
+        return
+    gold = {t.prompt: answer_text(t.gold) for t in train_tasks if t.split == "train"}
+    try:
+        items = json.loads(text).get("examples", [])
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise CheckFailed(f"examples file is not a JSON object with 'examples': {exc}") from exc
+    for i, item in enumerate(items):
+        prompt = str(item.get("prompt", ""))
+        if prompt not in gold:
+            raise CheckFailed(f"examples[{i}] is not a training task (only the train split may feed examples)")
+        if str(item.get("answer")) != gold[prompt]:
+            raise CheckFailed(f"examples[{i}]'s answer is not its training task's gold answer")
+
+
 def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task]) -> None:
+    check_examples(new, train_tasks)
     added = "\n".join(
         text for rel, text in new.files.items()
         if old.files.get(rel) != text and rel not in EXEMPT_FROM_LEAK_CHECK

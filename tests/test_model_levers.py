@@ -1,0 +1,168 @@
+"""Levers for model-level failures (issue 24): retrieved labelled examples (train split only, leak-checked),
+the answer-set constraint measured exactly by replay, confusion facts, self-consistency votes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+from helpers import ROLES, Roles, seed_files, sync_chat
+
+from ecdysis.agent.loop import run_episode
+from ecdysis.agent.trajectory import Trajectory
+from ecdysis.config import load_config
+from ecdysis.envs.base import NoToolEpisode, Task
+from ecdysis.harness.manifest import version_from_files
+from ecdysis.harness.skills import example_messages, nearest_examples, parse_examples
+from ecdysis.models import Message, ScriptedModel
+from ecdysis.trainer.checks import CheckFailed, check_static
+from ecdysis.trainer.failures import aggregate, confusion_facts, failure_record
+from ecdysis.trainer.implement import apply_structured, examples_file
+from ecdysis.trainer.levers import measure_repairs
+from ecdysis.trainer.spec import Change, HarnessSpec
+from ecdysis.workspace import Workspace
+
+LABELS = ["sports", "politics", "science", "music"]
+ROWS = [("The striker scored twice in the final", "sports", "train"),
+        ("The goalkeeper saved a penalty in the cup final", "sports", "test"),
+        ("Parliament passed the budget vote", "politics", "train"),
+        ("The senator lost the election vote", "politics", "val"),
+        ("Astronomers found water on a distant planet", "science", "train"),
+        ("The band released a new album of songs", "music", "train"),
+        ("The orchestra played songs from the album", "music", "val")]
+
+
+def tasks() -> list[Task]:
+    return [Task(id=f"t{i}", split=split, prompt=prompt, gold=gold, public={"choices": LABELS})
+            for i, (prompt, gold, split) in enumerate(ROWS)]
+
+
+def jsonl_harness() -> object:
+    return version_from_files(seed_files("jsonl"), origin="test")
+
+
+def test_retrieval_picks_the_nearest_training_tasks_and_never_a_val_or_test_task() -> None:
+    everything = {t.id: t for t in tasks()}
+    text = examples_file(everything, [], k=2)  # the caller passed val/test tasks too: only train ones are kept
+    assert text is not None
+    examples = parse_examples(text)
+    prompts = {p for p, _ in examples.items}
+    assert prompts == {t.prompt for t in tasks() if t.split == "train"}
+    nearest = nearest_examples(examples, "Who scored in the cup final?")
+    assert nearest[0] == ("The striker scored twice in the final", "sports")
+    own = nearest_examples(examples, "Parliament passed the budget vote")  # a training task never sees itself
+    assert all(p != "Parliament passed the budget vote" for p, _ in own)
+    messages = example_messages(text, "Who scored in the cup final?")
+    assert messages[-2:] == [{"role": "user", "content": "The striker scored twice in the final"},
+                             {"role": "assistant", "content": "Answer: sports"}]
+
+    harness = jsonl_harness()
+    train = [t for t in tasks() if t.split == "train"]
+    spec = HarnessSpec(patterns_addressed=["P1"], changes=[Change(layer="H5", kind="add_examples", value=2)])
+    files, notes = apply_structured(harness, spec, [], everything)
+    assert "examples.json" in files and "2 per task from 4 training tasks" in notes[0]
+    assert check_static(harness, files, train).layer_text("examples") == files["examples.json"]
+    leaked = json.loads(files["examples.json"])
+    leaked["examples"].append({"prompt": ROWS[3][0], "answer": "politics"})  # a val task
+    with pytest.raises(CheckFailed, match="not a training task"):
+        check_static(harness, {**files, "examples.json": json.dumps(leaked)}, train)
+    wrong = json.loads(files["examples.json"])
+    wrong["examples"][0]["answer"] = "music"
+    with pytest.raises(CheckFailed, match="gold answer"):
+        check_static(harness, {**files, "examples.json": json.dumps(wrong)}, train)
+
+
+def labeller(messages: list[Message]) -> str:
+    """Answers a label with extra words for sports and science ('sports news'), a bare label otherwise."""
+    text = next(m.content for m in messages if m.role == "user").lower()
+    if "final" in text or "scored" in text:
+        return "Answer: Sports news"
+    if "planet" in text:
+        return "Answer: it is science."
+    return "Answer: politics" if "vote" in text else "Answer: music"
+
+
+def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"t{i}", "prompt": p, "answer": g, "split": s})
+                              for i, (p, g, s) in enumerate(ROWS)))
+    harness = tmp_path / "seed"
+    harness.mkdir()
+    for rel, text in seed_files("jsonl").items():
+        (harness / rel).write_text(text)
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"', f'env.options.labels={json.dumps(LABELS)}',
+                             'env.options.grader="exact"', f'agent.harness="{harness}"', "run.progress=false",
+                             'agent.model="scripted:agent"', f'run.run_dir="{tmp_path / "run"}"',
+                             f'cache.path="{tmp_path / "c.sqlite"}"'])
+    ws = Workspace.open(cfg)
+    ws.backends["agent|scripted:agent"] = ScriptedModel(labeller)
+    for role in ROLES:
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(), name="roles")
+    train = ws.tasks("train", None)
+    assert train[0].public["choices"] == LABELS
+    runner = ws.runner(ws.store.start_run("eval", {}, run_id="e"))
+    seed = ws.harness()
+    before = asyncio.run(runner.evaluate(seed, train, 1, "train", "before"))
+    measured = asyncio.run(measure_repairs(seed, ws.store.trajectories(before.eval_id), ws.env,
+                                           {t.id: t for t in train}, runner.limits))
+    answer_set = next(m for m in measured if m.repairs == ["answer_set"])
+    candidate = seed.with_files({"repairs.json": '["answer_set"]'})
+    after = asyncio.run(runner.evaluate(candidate, train, 1, "train", "after"))
+    live = {t.task_id for t in ws.store.trajectories(after.eval_id) if t.passed} - {
+        t.task_id for t in ws.store.trajectories(before.eval_id) if t.passed}
+    assert set(answer_set.gained) == live == {"t0", "t4"} and not answer_set.lost  # replay == live
+
+
+def test_answer_set_maps_or_rejects_with_the_allowed_answers() -> None:
+    from ecdysis.harness.api import answer
+    from ecdysis.harness.repairs import answer_set
+
+    assert answer_set(answer("SPORTS."), tuple(LABELS)) == answer("sports")
+    assert answer_set(answer("I think music"), tuple(LABELS)) == answer("music")
+    assert answer_set(answer("scince"), tuple(LABELS)) == answer("science")
+    rejected = answer_set(answer("cooking"), tuple(LABELS))
+    assert rejected.rule == "answer-set" and "sports, politics, science, music" in rejected.feedback
+    assert answer_set(answer("music"), tuple(LABELS)) is None
+
+
+def _failure(task_id: str, expected: str, given: str) -> object:
+    traj = Trajectory(task_id=task_id, trial=0, harness_id="h", final_answer=given, termination="answered")
+    traj.add("model", 0, reply=f"Answer: {given}", messages=[])
+    return failure_record(traj, expected)
+
+
+def test_confusion_facts_on_known_failures() -> None:
+    records = [_failure("a", "politics", "science"), _failure("b", "politics", "science"),
+               _failure("c", "music", "sports"), _failure("d", "politics", "music")]
+    facts = confusion_facts(records, {"a": "politics", "b": "politics", "c": "music", "d": "politics",
+                                      "e": "music", "f": "sports"})
+    assert facts["confusions"][0] == {"expected": "politics", "given": "science", "n": 2}
+    assert facts["label_errors"]["politics"] == {"errors": 3, "tasks": 3}
+    assert facts["label_errors"]["music"] == {"errors": 1, "tasks": 2}
+    (pattern,) = aggregate(records, {k: (1, 0) for k in "abcd"})
+    assert pattern.facts["confusions"][0]["given"] == "science" and pattern.layer == "model"
+
+
+def test_self_consistency_takes_the_majority_answer(tmp_path: Path) -> None:
+    files = seed_files("jsonl")
+    files["harness.toml"] = files["harness.toml"].replace("[generation]", "[generation]\nsamples = 3")
+    version = version_from_files(files, origin="test")
+    version.write(tmp_path / "h")
+
+    def by_sample(messages: list[Message]) -> str:
+        return "Answer: politics"
+
+    answers = iter(["Answer: science", "Answer: politics", "Answer: Politics."])
+    model = ScriptedModel(lambda messages: next(answers))
+    traj = Trajectory(task_id="t", trial=0, harness_id=version.id)
+    task = tasks()[2]
+    run_episode(version, tmp_path / "h", task.public_view(), NoToolEpisode(), sync_chat(model), traj)
+    assert len(model.calls) == 3 and traj.final_answer == "politics"
+    vote = traj.of_kind("vote")[0]
+    assert vote["votes"] == 2 and vote["chosen"] == 1
+    assert [r["text"] for r in traj.reply_records()] == ["Answer: politics"]  # the replay record: chosen only
+    assert [c.params.temperature for c in model.calls][1:] == [0.7, 0.7]
+    assert re.search(r"sample_index", str(model.calls[1].params)) is not None
