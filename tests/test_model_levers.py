@@ -93,7 +93,8 @@ def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
     harness.mkdir()
     for rel, text in seed_files("jsonl").items():
         (harness / rel).write_text(text)
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"', f'env.options.labels={json.dumps(LABELS)}',
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"',
+                             f'env.options.labels={json.dumps(LABELS)}',
                              'env.options.grader="exact"', f'agent.harness="{harness}"', "run.progress=false",
                              'agent.model="scripted:agent"', f'run.run_dir="{tmp_path / "run"}"',
                              f'cache.path="{tmp_path / "c.sqlite"}"'])
@@ -151,9 +152,6 @@ def test_self_consistency_takes_the_majority_answer(tmp_path: Path) -> None:
     files["harness.toml"] = files["harness.toml"].replace("[generation]", "[generation]\nsamples = 3")
     version = version_from_files(files, origin="test")
     version.write(tmp_path / "h")
-
-    def by_sample(messages: list[Message]) -> str:
-        return "Answer: politics"
 
     answers = iter(["Answer: science", "Answer: politics", "Answer: Politics."])
     model = ScriptedModel(lambda messages: next(answers))

@@ -83,7 +83,8 @@ def test_tool_call_repairs_replay_exactly_on_single_turn_tool_episodes(tmp_path:
                                            rerun=runner_rerun(runner)))
     assert len(model.calls) == calls_before  # zero model calls
     m = {x.lever: x for x in measured}
-    assert set(m["enable_repair json_in_text"].gained) == by_kind["currency"] and not m["enable_repair json_in_text"].lost
+    text_calls = m["enable_repair json_in_text"]
+    assert set(text_calls.gained) == by_kind["currency"] and not text_calls.lost
     assert set(m["enable_repair coerce_types"].gained) == by_kind["calendar"]
     assert set(m["enable_repair near_tool_name"].gained) == by_kind["math"]
     one = m["enable_repair one_call_per_turn"]  # exact losses: the parallel tasks would make one call of two
@@ -149,7 +150,8 @@ SINGLE = {**COMBO, "lever": "enable_repair answer_phrase", "repairs": ["answer_p
 
 def test_a_spec_enabling_part_of_a_measured_combination_gets_the_combination_validated_too() -> None:
     p = _pattern([COMBO, SINGLE])
-    spec = HarnessSpec(patterns_addressed=["P1"], implementation_notes="enable_repair answer_phrase+last_number+last_line",
+    spec = HarnessSpec(patterns_addressed=["P1"],
+                       implementation_notes="enable_repair answer_phrase+last_number+last_line",
                        changes=[Change(layer="H2", kind="enable_repair", repair="answer_phrase",
                                        rationale="P1: answer_phrase+last_number+last_line")])
     variants = dict(candidate_variants(spec, [p]))
