@@ -154,3 +154,18 @@ def test_the_machine_code_check_finds_amx_and_avx512_in_a_library(tmp_path: Path
     installed = llama.cpu_library()
     if installed is not None:  # the portable build itself: neither
         assert llama.code_check(installed, llama.cpu_flags(), None).status == "ok"
+
+
+def test_doctor_exits_1_with_the_fix_when_the_probe_fails(tmp_path: Path) -> None:
+    if find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python not installed")
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF but not really")
+    out = doctor_cli("--probe-model", str(broken), "--json")
+    assert out.returncode == 1, out.stdout + out.stderr  # what `make setup` stops on
+    report = json.loads(out.stdout)
+    probe = next(c for c in report["checks"] if c["name"] == "llama.cpp build: long-prompt probe")
+    assert not report["ok"] and probe["status"] == "fail" and "exited with status 1" in probe["detail"]
+    assert "ecdysis.doctor.probe" in probe["fix"] and "make setup" in probe["fix"]
+    text = doctor_cli("--probe-model", str(broken)).stdout
+    assert "FAIL llama.cpp build: long-prompt probe" in text and "doctor: 1 check(s) failed" in text

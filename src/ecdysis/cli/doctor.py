@@ -19,12 +19,14 @@ def doctor(
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
     probe: Annotated[bool, typer.Option(help="Run the long-prompt probe of the embedded backend.")] = True,
     probe_timeout: Annotated[float, typer.Option(help="Seconds the probe may take.")] = 600.0,
+    probe_model: Annotated[str, typer.Option(help="Model the probe runs: a catalog name or a .gguf file.")] = (
+        "smollm2-135m"),
     as_json: JsonOpt = False,
 ) -> None:
     """Check the llama.cpp build (CPU features, a >= 512-token prompt), the sandbox (bubblewrap, user and nested
     namespaces, pids cgroup), models and their sha256, the data dir and optional extras. Exit status 1 when
     something the tool cannot work without fails; warnings say what runs with less, and how to fix it."""
-    checks = run_checks(data_dir=data_dir, probe=probe, probe_timeout_s=probe_timeout)
+    checks = run_checks(data_dir=data_dir, probe=probe, probe_timeout_s=probe_timeout, probe_model=probe_model)
     code = exit_code(checks)
     if as_json:
         views.print_json({"ok": code == 0, "checks": [c.to_dict() for c in checks]})

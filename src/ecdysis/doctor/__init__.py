@@ -34,11 +34,13 @@ class Check:
 
 
 def run_checks(data_dir: Path | None = None, probe_argv: Sequence[str] | None = None,
-               probe_timeout_s: float = 600.0, probe: bool = True) -> list[Check]:
-    """Every check, in the order a user fixes things. `probe_argv` replaces the probe subprocess (tests)."""
+               probe_timeout_s: float = 600.0, probe: bool = True, probe_model: str = "smollm2-135m") -> list[Check]:
+    """Every check, in the order a user fixes things. The probe runs `probe_model` (a catalog name or a .gguf);
+    `probe_argv` replaces the probe subprocess altogether (tests)."""
     from . import llama, system
 
-    checks = llama.llama_checks(probe_argv=probe_argv, timeout_s=probe_timeout_s, probe=probe)
+    argv = probe_argv or llama.probe_argv(probe_model)
+    checks = llama.llama_checks(probe_argv=argv, timeout_s=probe_timeout_s, probe=probe)
     checks += [system.bubblewrap(), system.user_namespaces(), system.nested_namespaces(), system.pids_cgroup()]
     checks += system.models()
     checks.append(system.data(data_dir))
