@@ -287,3 +287,30 @@ def test_sandboxed_episodes_run_from_a_package_copy_under_tmp(tmp_path: Path, da
         assert "episode-ns" in isolation and termination == "answered", traceback
         path, size, listing = final_answer.split("|")
         assert path == init and int(size) > 0 and "sandbox" in listing.split(",")
+
+
+def test_a_plugins_code_closure_follows_its_imports_and_nothing_else(tmp_path: Path) -> None:
+    """What `plugin_view` binds: the module, its packages' __init__, the modules it imports (relative, absolute,
+    inside functions), transitively; not a module nobody imports, nor data; declared files by name."""
+    from ecdysis.sandbox.view import plugin_view
+
+    pkg = tmp_path / "shop"
+    (pkg / "tools").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "env.py").write_text("from . import pricing\nfrom .tools import cart\n\ndef make_episode(public, options):\n"
+                                "    import shop_extra\n    return shop_extra\n")
+    (pkg / "pricing.py").write_text("import json\nfrom .tools.rules import RULES\n")
+    (pkg / "tools" / "__init__.py").write_text("")
+    (pkg / "tools" / "cart.py").write_text("")
+    (pkg / "tools" / "rules.py").write_text("RULES = []\n")
+    (pkg / "gold.py").write_text("ANSWERS = {}\n")  # not imported: not bound
+    (pkg / "tasks.jsonl").write_text("{}\n")
+    (tmp_path / "shop_extra.py").write_text("")
+    view = plugin_view("shop.env:environment", [str(tmp_path)], files=["tasks.jsonl"], hidden=["/x/hidden"])
+    code = {str(Path(p).relative_to(tmp_path)) for p in view.read_only}
+    assert code == {"shop/__init__.py", "shop/env.py", "shop/pricing.py", "shop/tools/__init__.py",
+                    "shop/tools/cart.py", "shop/tools/rules.py", "shop_extra.py", "shop/tasks.jsonl"}
+    assert view.import_paths == (str(tmp_path.resolve()),) and view.hidden == ("/x/hidden",)
+    assert plugin_view("gsm8k", [str(tmp_path)]).read_only == ()  # a built-in environment adds nothing
+    with pytest.raises(FileNotFoundError, match="missing.csv"):
+        plugin_view("shop.env:environment", [str(tmp_path)], files=["missing.csv"])
