@@ -13,7 +13,7 @@ from ..store import RunStore
 from ..workspace import Workspace
 from .common import announce_runs
 
-DIFF_LINES = 24  # the diff shown at the end of train; `ecdysis diff` prints all of it
+DIFF_LINES = 20  # the diff shown at the end of train; `ecdysis diff` prints all of it
 LINE_CHARS = 150
 
 
