@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ..store import RunStore
 from ..workspace import Workspace
-from .common import announce_runs
+from .common import announce_runs, notice
 
 DIFF_LINES = 20  # the diff shown at the end of train; `ecdysis diff` prints all of it
 LINE_CHARS = 150
@@ -85,6 +85,11 @@ def finish_train(console: Console, store: RunStore, run_id: str, report: bool = 
     if report:
         from ..report.html import write_report
 
-        path = write_report(store, run_id, run_dir / f"report-{run_id}.html").resolve()
+        try:
+            path = write_report(store, run_id, run_dir / f"report-{run_id}.html").resolve()
+        except Exception as exc:  # noqa: BLE001 - the run is trained and stored; only its report is missing
+            notice(f"[yellow]warning:[/] the HTML report was not written ({type(exc).__name__}: {exc}); "
+                   f"try `ecdysis report {run_id} --run-dir {run_dir}`")
+            return None
         console.print(f"[bold]Report[/] {path}", highlight=False)
     return path
