@@ -16,6 +16,7 @@ from ecdysis.trainer.spec import SpecError, parse_spec
 RULE_SPEC = {"patterns_addressed": ["P1"], "changes": [
     {"layer": "H3", "kind": "add_rule", "file": "", "text": "Show your work.", "repair": "", "value": 0,
      "rationale": "more care"}], "skills": [], "implementation_notes": "", "expected_effect": "better answers"}
+DEBATE_ALWAYS = "train.engine.skip_debate_when_verified=false"  # these tests are about the debate's specs
 DEMO_SPEC = {"patterns_addressed": ["P1"], "changes": [
     {"layer": "H5", "kind": "add_demo", "file": "", "text": "a worked example", "repair": "", "value": 0,
      "rationale": "P1 is a model-level error; show one solved task"}],
@@ -34,7 +35,7 @@ def prose(messages: list[Message]) -> str:
 
 async def test_prose_rejections_get_a_measured_repair_and_a_spec_ignoring_it_is_sent_back(tmp_path) -> None:
     roles = Roles(spec=RULE_SPEC)
-    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1")
+    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1", DEBATE_ALWAYS)
     result = await train_async(ws.config, "ecdysis", ws=ws)
     (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
     assert p1["id"] == "P1" and p1["classification"] == "recurring"
@@ -129,17 +130,19 @@ def test_a_spec_with_one_bad_rule_keeps_its_valid_changes() -> None:
 async def test_no_valid_spec_but_a_measured_lever_gives_a_library_spec(tmp_path) -> None:
     broken = {"patterns_addressed": ["enable_repair(answer_phrase)"], "changes": [], "skills": []}
     roles = Roles(spec=broken)
-    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1")
+    ws = make_ws(tmp_path, roles, ScriptedModel(prose, name="prose"), "train.rounds=1", DEBATE_ALWAYS)
     result = await train_async(ws.config, "ecdysis", ws=ws)
     last = ws.store.get_record(result.run_id, "transcript", "r1")[-1]
     assert last["error"] and last["library_spec"] == ["enable_repair answer_phrase for P1"]
     assert ws.store.get_record(result.run_id, "decision", "r1")["accepted"] and result.train_after == 1.0
 
 
-async def test_with_no_lever_left_and_no_usable_spec_the_library_tries_a_demo(tmp_path) -> None:
+async def test_with_no_lever_left_and_no_usable_spec_the_library_tries_retrieved_examples(tmp_path) -> None:
     broken = {"patterns_addressed": ["P9"], "changes": [], "skills": []}
     ws = make_ws(tmp_path, Roles(spec=broken), learner(True), "train.rounds=1")
     result = await train_async(ws.config, "ecdysis", ws=ws)
     decision = ws.store.get_record(result.run_id, "decision", "r1")
-    assert decision["library_candidate"] == "add_demo" and decision["accepted"]
-    assert "Answer: 3" in ws.store.load_version(result.final_harness_id).files["demos.json"]
+    assert decision["library_candidate"] == "add_examples" and decision["accepted"]  # model-level: examples first
+    examples = json.loads(ws.store.load_version(result.final_harness_id).files["examples.json"])
+    assert examples["format"] == "Answer: {answer}" and len(examples["examples"]) == 6  # the training tasks
+    assert {"prompt": "Add 0 and 3.", "answer": "3"} in examples["examples"]

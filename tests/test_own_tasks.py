@@ -86,7 +86,7 @@ def test_unknown_config_keys_are_refused_with_the_nearest_name(tmp_path: Path) -
 async def test_acceptance_is_decided_on_val_tasks_no_role_sees(tmp_path: Path) -> None:
     roles = Roles()
     ws = make_ws(tmp_path, roles, ScriptedModel(lambda m: "so \\boxed{7}", name="sevens"), "train.rounds=1",
-                 "train.min_val_tasks=2")
+                 "train.min_val_tasks=2", "train.engine.skip_debate_when_verified=false")
     rows = [json.loads(line) for line in (tmp_path / "tasks.jsonl").read_text().splitlines()]
     for row in rows[6:8]:
         row["split"] = "val"
