@@ -187,3 +187,10 @@ def test_library_fallback_order() -> None:
     kinds = [s.changes[0].kind + (":" + s.changes[0].repair if s.changes[0].repair else "")
              for s in library_fallback_specs([model])]
     assert kinds == ["add_examples", "enable_repair:answer_set"]
+
+
+def test_seed_for_task_level_tools_with_parallel_calls(tmp_path: Path) -> None:
+    harness = functions_ws(tmp_path, agent()).harness()
+    contract = harness.files["contract.md"]
+    assert harness.manifest.tool_calling == "native" and "{tools}" not in contract  # the same for every task
+    assert "one tool at a time" not in contract and "all in the same reply" in contract

@@ -26,6 +26,12 @@ def tokenize(text: str) -> list[str]:
     return [w for w in TOKEN.findall(text.lower()) if w not in STOPWORDS]
 
 
+def example_tokens(text: str) -> list[str]:
+    """Words for example retrieval: ASCII words (stopwords ignored) and every other letter on its own, so texts
+    in scripts without ASCII words (or without spaces) still match by the characters they share."""
+    return tokenize(text) + [ch for ch in text.lower() if ch.isalpha() and not ch.isascii()]
+
+
 def parse_skills(text: str | None) -> list[Skill]:
     if not text:
         return []
@@ -102,8 +108,8 @@ def nearest_examples(examples: ExampleSet, query: str) -> list[tuple[str, str]]:
         return []
     from rank_bm25 import BM25Plus
 
-    docs = [tokenize(p) or ["_"] for p, _ in pool]
-    scores = BM25Plus(docs).get_scores(tokenize(query))
+    docs = [example_tokens(p) or ["_"] for p, _ in pool]
+    scores = BM25Plus(docs).get_scores(example_tokens(query))
     ranked = sorted(range(len(pool)), key=lambda i: (-scores[i], i))
     return [pool[i] for i in ranked[:examples.k]]
 
