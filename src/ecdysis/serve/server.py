@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +33,7 @@ def build_proxy(harness_dir: Path | str, upstream_ref: str, settings: ServeSetti
         upstream = build_model(upstream_ref, ModelSettings(
             max_concurrency=s.max_concurrency, max_retries=s.upstream_retries,
             attempt_timeout_s=s.upstream_timeout_s, total_timeout_s=s.upstream_timeout_s,
-            slots=s.max_concurrency))
+            slots=min(s.max_concurrency, 8)))  # embedded backend: conversations whose KV state is kept
     recorder = None
     if store_dir is not None:
         recorder = TraceRecorder(store_dir, harness.version, upstream_ref,
@@ -55,9 +56,17 @@ def run(proxy: Proxy, log_level: str = "info") -> None:
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = _server(proxy, proxy.settings.host, proxy.settings.port, log_level)
+
+    def stopped(signum: int, frame: object) -> None:  # uvicorn re-raises SIGTERM after its graceful shutdown
+        raise SystemExit(0)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
     try:
         server.run()
+    except KeyboardInterrupt:
+        pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if proxy.recorder is not None:
             proxy.recorder.close()
 
