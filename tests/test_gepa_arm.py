@@ -14,6 +14,7 @@ from helpers import ROLES, jsonl_project
 
 from ecdysis.config import load_config
 from ecdysis.models import Message, ScriptedModel
+from ecdysis.report.html import render_report
 from ecdysis.trainer import records
 from ecdysis.trainer.checks import CheckFailed
 from ecdysis.trainer.gepa_adapter import apply_components, text_components
@@ -91,6 +92,7 @@ async def test_gepa_runs_end_to_end_through_our_runner(tmp_path: Path) -> None:
     steps = [p.agent_executions for p in curve]
     assert steps == sorted(steps) and steps[-1] <= result.agent_executions
     assert [v["note"] for v in store.versions() if v["id"] == result.final_harness_id][0].startswith("gepa ")
+    assert f'id="version-{result.final_harness_id}"' in render_report(store, result.run_id)  # a report like any run
 
 
 async def test_shared_budget_stops_gepa_and_a_rerun_resumes(tmp_path: Path) -> None:

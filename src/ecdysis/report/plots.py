@@ -59,8 +59,9 @@ def accuracy_vs_time(runs: list[RunView]) -> str:
     ax = fig.add_subplot()
     for i, run in enumerate(runs):
         color = COLORS[i % len(COLORS)]
-        starts = [0.0, *(r.elapsed_s for r in run.rounds[:-1])]
-        points = [(t, r.record.train_score) for t, r in zip(starts, run.rounds, strict=True)]
+        starts = [0.0, *(r.elapsed_s for r in run.rounds[:-1])][:len(run.rounds)]  # a run may have no rounds (gepa)
+        points = [(t, r.record.train_score) for t, r in zip(starts, run.rounds, strict=True)
+                  if r.record.train_score is not None]
         end = run.rounds[-1].elapsed_s if run.rounds else 0.0
         if (after := run.summary.get("train_after")) is not None:
             points.append((end, after))
