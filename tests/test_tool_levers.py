@@ -194,3 +194,24 @@ def test_seed_for_task_level_tools_with_parallel_calls(tmp_path: Path) -> None:
     contract = harness.files["contract.md"]
     assert harness.manifest.tool_calling == "native" and "{tools}" not in contract  # the same for every task
     assert "one tool at a time" not in contract and "all in the same reply" in contract
+
+
+def test_scripted_file_plays_replies_and_calls_in_order_per_episode(tmp_path: Path) -> None:
+    from ecdysis.models import ChatRequest, GenerationParams
+    from ecdysis.models.registry import build_model
+
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps([{"text": "", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}}]},
+                                  "It is sunny."]))
+    model = build_model(f"scripted:@{script}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+    def ask(session: str):  # noqa: ANN202
+        request = ChatRequest(messages=[Message(role="user", content="weather?")],
+                              params=GenerationParams(tools=tools, session=session))
+        return asyncio.run(model.chat(request))
+
+    first, second, third = ask("a"), ask("a"), ask("a")
+    assert first.tool_calls[0].name == "get_weather" and json.loads(first.tool_calls[0].arguments) == {"city": "Oslo"}
+    assert second.text == third.text == "It is sunny." and not second.tool_calls
+    assert ask("b").tool_calls  # another episode starts from the top

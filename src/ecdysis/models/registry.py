@@ -6,6 +6,7 @@
     ollama:qwen2.5-coder:1.5b         Ollama on 127.0.0.1:11434, no key
     http://127.0.0.1:8080/v1::NAME    any OpenAI-compatible server; key from $ECDYSIS_API_KEY if set
     scripted:TEXT                     always replies TEXT (smoke tests; use ScriptedModel in code)
+    scripted:@replies.json            plays a JSON list of replies (text or {"text", "tool_calls"}) in order
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def build_model(ref: str, settings: ModelSettings | None = None, instance: str =
         return _http("https://api.openai.com/v1", rest, _key(s.api_key_env or "OPENAI_API_KEY", True), s)
     if kind == "ollama":
         return _http("http://127.0.0.1:11434/v1", rest, _key(s.api_key_env, False), s)
+    if kind == "scripted" and rest.startswith("@"):
+        from .scripted import from_file
+
+        return from_file(rest[1:])
     if kind == "scripted":
         return ScriptedModel([rest], name=rest[:40])
     raise ModelConfigError(f"unknown model reference {ref!r}. Known forms:\n{REFERENCE_FORMS}")
