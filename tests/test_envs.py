@@ -110,3 +110,17 @@ def test_jsonl_suite_with_user_grader(tmp_path: Path) -> None:
 def test_unknown_environment() -> None:
     with pytest.raises(UnknownEnvironmentError, match="built-in name .gsm8k, dbbench, jsonl"):
         get_environment("webshop")
+
+
+def test_limit_is_stratified_by_task_kind() -> None:
+    from collections import Counter
+
+    from ecdysis.envs.base import Task, seeded_order
+
+    tasks = [Task(id=f"a{i}", split="test", prompt="", gold="", meta={"type": "a"}) for i in range(9)] + [
+        Task(id=f"b{i}", split="test", prompt="", gold="", meta={"type": "b"}) for i in range(3)]
+    first = seeded_order(tasks, 0)[:6]
+    assert Counter(t.meta["type"] for t in first) == {"a": 3, "b": 3}
+    assert seeded_order(tasks, 0) == seeded_order(list(reversed(tasks)), 0)  # deterministic
+    plain = [Task(id=f"p{i}", split="test", prompt="", gold="") for i in range(5)]
+    assert seeded_order(plain, 1) == sorted(seeded_order(plain, 1), key=lambda t: seeded_order(plain, 1).index(t))

@@ -136,8 +136,21 @@ def split_of(task_id: str, seed: int, val_fraction: float) -> str:
 
 
 def seeded_order(tasks: list[Task], seed: int) -> list[Task]:
-    """A fixed pseudo-random order so `--limit N` picks the same N tasks every time."""
-    return sorted(tasks, key=lambda t: hashlib.sha256(f"{seed}:{t.id}".encode()).hexdigest())
+    """A fixed pseudo-random order so `--limit N` picks the same N tasks every time, stratified by a task's
+    kind (`meta["type"]`) when the environment gives one: kinds take turns, so N tasks hold every kind about
+    equally often."""
+    def key(t: Task) -> str:
+        return hashlib.sha256(f"{seed}:{t.id}".encode()).hexdigest()
+
+    groups: dict[str, list[Task]] = {}
+    for t in sorted(tasks, key=key):
+        groups.setdefault(str(t.meta.get("type", "")), []).append(t)
+    if len(groups) <= 1:
+        return sorted(tasks, key=key)
+    out: list[Task] = []
+    for rank in range(max(len(g) for g in groups.values())):
+        out.extend(g[rank] for g in groups.values() if rank < len(g))
+    return out
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
