@@ -25,6 +25,7 @@ from . import records
 from .accept import Decision, decide_on_same_tasks, rejection_certain
 from .budget import AGENT_ROLES, Budget, Spend
 from .evaluation import Evaluator, Measured
+from .failures import Pattern
 from .levers import candidate_variants, library_fallback_specs
 from .proposers import Evidence, Proposer, make_proposer
 from .records import CandidateRecord, CurvePoint, RoundRecord, SerialEdit, SpecRecord
@@ -219,7 +220,7 @@ class Engine(TrainContext):
         spec = HarnessSpec.model_validate(spec_record.spec) if spec_record.spec is not None else None
         if spec is not None:
             self.view.spec(spec)
-        candidate, versions = await self.candidates(key, ev, spec, spec_record.source)
+        candidate, versions = await self.candidates(key, ev, spec, spec_record.source, target)
         out = Outcome(tried=spec.summary() if spec else None,
                       library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
         if not versions:
@@ -236,18 +237,19 @@ class Engine(TrainContext):
         self.view.decision(out.accepted, f"{out.variant}: {out.reason}")
         return out
 
-    async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None,
-                         source: str) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:
+    async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
+                         target: str | None = None) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:
         """The whole spec's candidate (or the library's fallback when the roles gave nothing that runs) and its
         variants, built and checked once (stored as the step's candidate record)."""
         stored = records.load(self.store, self.run_id, CandidateRecord, key)
         if stored is None:
-            stored = await self._build(key, ev, spec, source)
+            stored = await self._build(key, ev, spec, source, self.proposer.patterns(self, ev, target))
             records.put(self.store, self.run_id, key, stored)
         versions = {WHOLE: self.store.load_version(stored.harness)} if stored.harness else {}
         return stored, versions | {n: self.store.load_version(h) for n, h in stored.variants.items()}
 
-    async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str) -> CandidateRecord:
+    async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
+                     patterns: list[Pattern]) -> CandidateRecord:
         implementer, current, single = self.implementer(), ev.current, self.single_turn(ev.current)
 
         async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate
@@ -256,7 +258,7 @@ class Engine(TrainContext):
         built = await build(spec, "implement") if spec is not None else None
         used = spec
         if (built is None or built.version is None) and self.proposer.library_fallback:
-            for fallback in library_fallback_specs(ev.patterns):
+            for fallback in library_fallback_specs(patterns):
                 attempt = await build(fallback, "implement")
                 if attempt.version is not None:
                     built, used = attempt, fallback
@@ -272,7 +274,9 @@ class Engine(TrainContext):
         self.store.save_version(built.version, parent=current.id, note=f"{self.arm} {key}")
         if self.ws.cache is None:  # variants are picked on train from the response cache
             return record
-        for name, variant_spec in candidate_variants(used, ev.patterns):
+        for name, variant_spec in candidate_variants(used, patterns):
+            if not self.proposer.library_variants and not all(c in used.changes for c in variant_spec.changes):
+                continue  # a baseline validates only parts of its own spec
             sub = await build(variant_spec, "variants")
             seen = {current.id, built.version.id, *record.variants.values()}
             if sub.version is not None and sub.version.id not in seen:

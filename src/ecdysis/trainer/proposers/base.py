@@ -56,6 +56,12 @@ class Proposer(ABC):
     name: str = ""
     per_failure: bool = False
     library_fallback: bool = True  # try the library's own specs when the roles give nothing that runs
+    library_variants: bool = True  # validate library variants (e.g. a measured lever) next to the spec; else
+    # only variants made of the spec's own changes (its repairs alone)
+
+    def patterns(self, engine: Engine, evidence: Evidence, target: str | None) -> list[Pattern]:
+        """The patterns a step's spec is written for (deterministic: a resumed step rebuilds them)."""
+        return evidence.patterns
 
     @abstractmethod
     async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:

@@ -34,14 +34,19 @@ class SerialProposer(Proposer):
     name = "serial"
     per_failure = True
     library_fallback = False  # the baseline as published: no library candidates
+    library_variants = False
 
-    async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:
+    def patterns(self, engine: Engine, evidence: Evidence, target: str | None) -> list[Pattern]:
+        """The target's failure as its own pattern, with the measured levers of the current harness."""
         assert target is not None
         failing = [t for t in evidence.trajectories if t.task_id == target and not t.passed]
         gold = {t.id: t.gold for t in engine.train_tasks}
         pattern = single_failure_pattern(failure_record(failing[0], gold[target]))
         tasks = {t.id: t for t in engine.train_tasks}
-        (pattern,) = attach([pattern], evidence.measurements, evidence.trajectories, tasks)
+        return attach([pattern], evidence.measurements, evidence.trajectories, tasks)
+
+    async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:
+        (pattern,) = self.patterns(engine, evidence, target)
         writer = SpecWriter(engine.store, engine.run_id, engine.roles, engine.cfg.roles)
         outcome = await writer.write(key, evidence.current, [pattern], 0, debate=False,
                                      earlier=earlier_edits(engine, target))
