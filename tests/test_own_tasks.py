@@ -121,3 +121,27 @@ def test_json_output_and_narrow_tables_keep_the_names_users_copy(tmp_path: Path)
     assert shown["evaluations"][0]["done"] == summary["n_tasks"] and shown["run"]["config"]["env"]["name"] == "jsonl"
     table = run("runs", "list", "--run-dir", "r").stdout
     assert summary["run_id"] in table
+
+
+def test_plugin_path_init_with_options_and_eval_of_chosen_tasks_with_a_scripted_list(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "examples"
+    made = cli("init", str(tmp_path / "hd"), "--env", "helpdesk_env:environment", "--set",
+               f"env.options.tasks_file={example / 'helpdesk' / 'tasks.jsonl'}", cwd=example / "helpdesk")
+    assert made.returncode == 0, made.stderr
+    assert "options = { tasks_file = " in (tmp_path / "hd" / "ecdysis.toml").read_text()
+    made = cli("init", str(tmp_path / "fn"), "--env", "functions_env:environment", cwd=example / "functions")
+    assert made.returncode == 0, made.stderr
+    sys.path.insert(0, str(example / "functions"))
+    import functions_env
+
+    task = next(t for t in functions_env.all_tasks() if t.split == "train" and t.meta["type"] == "weather_pair")
+    script = tmp_path / "replies.json"
+    script.write_text(json.dumps([{"text": "", "tool_calls": task.gold}]))  # two calls at once
+    out = cli("eval", "-c", str(tmp_path / "fn" / "ecdysis.toml"), "--model", f"scripted:@{script}", "--split",
+              "train", "--task", task.id, "--json", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["n_tasks"] == 1 and summary["accuracy"] == 1.0 and summary["terminations"] == {"done": 1}
+    missing = cli("eval", "-c", str(tmp_path / "fn" / "ecdysis.toml"), "--split", "train", "--task", "nope",
+                  "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert missing.returncode != 0 and "no task 'nope'" in missing.stderr

@@ -125,6 +125,8 @@ def init(
     grader: Annotated[str | None, typer.Option(help="Grader (env jsonl): exact | normalized | numeric | choice | "
                                                     "regex | contains | module:function | file.py:function")] = None,
     force: bool = False,
+    sets: Annotated[list[str] | None, typer.Option("--set", help="Environment option: env.options.KEY=VALUE "
+                                                                 "(VALUE read as JSON when it parses).")] = None,
 ) -> None:
     """Write a working seed harness and a ready config (ecdysis.toml) next to it.
 
@@ -137,6 +139,15 @@ def init(
     harness_dir = directory / "harness"
     if harness_dir.exists() and not force:
         fail(f"{harness_dir} already exists (use --force to overwrite)")
+    env_options: dict[str, object] = {}
+    for item in sets or []:
+        key, _, value = item.partition("=")
+        if not key.startswith("env.options.") or not _:
+            fail(f"init --set takes env.options.KEY=VALUE, got {item!r}")
+        try:
+            env_options[key.removeprefix("env.options.")] = json.loads(value)
+        except json.JSONDecodeError:
+            env_options[key.removeprefix("env.options.")] = value
     options = ""
     if env == "jsonl":
         if tasks_file is None:
@@ -164,15 +175,17 @@ def init(
     except FileNotFoundError:
         try:
             search = [Path.cwd()]
-            environment = get_environment(env, data_dir=data_dir, search=search)
+            environment = get_environment(env, data_dir=data_dir, search=search, **env_options)
             root = plugin_root(env, search)
-        except USER_ERRORS + (ImportError,) as exc:
+        except USER_ERRORS + (ImportError, TypeError) as exc:
             fail(f"cannot load environment {env!r}: {exc}")
             return
         harness_dir.mkdir(parents=True, exist_ok=True)
         for rel, text in generic_seed_files(env, environment).items():
             (harness_dir / rel).write_text(text)
         env_path = f"plugin_path = [{json.dumps(root)}]\n" if root else ""
+        if env_options:
+            env_path += "options = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_options.items()) + " }\n"
     else:
         env_path = options
     config_path = directory / "ecdysis.toml"
@@ -206,6 +219,7 @@ def eval_cmd(
     as_json: JsonOpt = False,
     executor: ExecutorOpt = None,
     ray_address: RayAddressOpt = None,
+    task_ids: Annotated[list[str] | None, typer.Option("--task", help="Only this task id (repeatable).")] = None,
 ) -> None:
     """Evaluate a harness on tasks. Re-running the same command resumes an interrupted evaluation."""
     from .runs import AnnouncingWorkspace
@@ -222,10 +236,17 @@ def eval_cmd(
         ws = AnnouncingWorkspace.open(cfg)
         version = ws.harness()
         tasks = ws.tasks(cfg.eval.split, cfg.eval.limit)
+        if task_ids:
+            by_id = {t.id: t for t in ws.tasks(cfg.eval.split, None)}
+            missing = [i for i in task_ids if i not in by_id]
+            if missing:
+                fail(f"no task {missing[0]!r} in split {cfg.eval.split!r}")
+            tasks = [by_id[i] for i in dict.fromkeys(task_ids)]
         if not tasks:
             fail(f"no tasks in split {cfg.eval.split!r}")
         ws.model(cfg.agent.model)  # a bad model reference fails before anything is written
-        key = hashlib.sha256(identity_json(cfg).encode() + version.id.encode()).hexdigest()[:10]
+        key = hashlib.sha256(identity_json(cfg).encode() + version.id.encode()
+                             + ",".join(task_ids or []).encode()).hexdigest()[:10]
         run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
         runner = ws.runner(run_id)
         summary = asyncio.run(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
