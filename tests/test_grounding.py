@@ -146,3 +146,25 @@ async def test_with_no_lever_left_and_no_usable_spec_the_library_tries_retrieved
     examples = json.loads(ws.store.load_version(result.final_harness_id).files["examples.json"])
     assert examples["format"] == "Answer: {answer}" and len(examples["examples"]) == 6  # the training tasks
     assert {"prompt": "Add 0 and 3.", "answer": "3"} in examples["examples"]
+
+
+def two_shapes(messages: list[Message]) -> str:
+    a, b = numbers(messages)
+    return f"The answer is {a + b} (from {a} and {b})." if a % 2 == 0 else f"Adding them gives\n{a + b}"
+
+
+async def test_a_spec_naming_a_combination_in_text_but_enabling_one_repair_gets_the_combination(tmp_path) -> None:
+    one = {"patterns_addressed": ["P1"], "changes": [
+        {"layer": "H2", "kind": "enable_repair", "file": "", "text": "", "repair": "answer_phrase", "value": 0,
+         "rationale": "P1: enable_repair answer_phrase+last_number"}], "skills": [],
+        "implementation_notes": "enable_repair answer_phrase+last_number", "expected_effect": "all parse"}
+    ws = make_ws(tmp_path, Roles(spec=one), ScriptedModel(two_shapes, name="two-shapes"), "train.rounds=1",
+                 DEBATE_ALWAYS)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
+    (p1, *_) = ws.store.get_record(result.run_id, "patterns", "r1")
+    best = p1["facts"]["measured_levers"][0]
+    assert len(best["repairs"]) >= 2 and best["gained"] == 6 and best["lost"] == 0
+    decision = ws.store.get_record(result.run_id, "decision", "r1")
+    assert decision["accepted"] and decision["variant"].startswith("measured lever")
+    enabled = json.loads(ws.store.load_version(result.final_harness_id).files["repairs.json"])
+    assert set(best["repairs"]) <= set(enabled) and result.train_after == 1.0
