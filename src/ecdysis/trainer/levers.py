@@ -238,19 +238,21 @@ def enabled_repairs(spec: HarnessSpec) -> set[str]:
 def candidate_variants(spec: HarnessSpec, patterns: list[Pattern]) -> list[tuple[str, HarnessSpec]]:
     """Alternative specs to validate next to the whole spec, as (name, spec): the engine picks among them on
     train (cache-served: none changes a prompt) and decides on val. They are the spec's H2 repairs alone when
-    it bundles them with prompt edits, and, for every pattern it addresses whose best measured lever
-    (verified first, else one that changes only failing episodes) is not exactly what the spec enables,
-    that lever's repairs exactly as measured. The roles' free text never decides which repairs run."""
+    it bundles them with prompt edits, and, for every pattern it addresses (then every other recurring
+    pattern) whose best measured lever (verified first, else one that changes only failing episodes) is not
+    what the spec enables, that lever's repairs exactly as measured. The roles' free text never decides
+    which repairs run."""
     out: list[tuple[str, HarnessSpec]] = []
     part = spec.deterministic_part()
     if part is not None:
         out.append(("repairs only", part))
     seen = [enabled_repairs(spec), *(enabled_repairs(v) for _, v in out)]
     by_id = {p.id: p for p in patterns}
-    for pid in spec.patterns_addressed:
-        p = by_id.get(pid)
-        best = measured_candidate(p) if p is not None else None
-        if p is None or best is None or set(repairs_of(best)) in seen:
+    addressed = [by_id[i] for i in spec.patterns_addressed if i in by_id]
+    others = [p for p in patterns if p.classification == "recurring" and p not in addressed]
+    for p in addressed + others:  # a recurring pattern the spec left out is the roles leaving its lever out
+        best = measured_candidate(p)
+        if best is None or set(repairs_of(best)) in seen:
             continue
         seen.append(set(repairs_of(best)))
         out.append((f"measured lever {best['lever']}", _repairs_spec(p, best, "the measured lever")))
