@@ -54,6 +54,7 @@ def create_app(proxy: Proxy) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         log.info("serving harness %s (%s) with upstream %s", proxy.harness.name, proxy.harness.id, proxy.upstream_ref)
         yield
+        await proxy.harness.aclose()
         if proxy.recorder is not None:
             await proxy.recorder.flush()
 

@@ -31,6 +31,8 @@ def serve(
     model_name: Annotated[str | None, typer.Option(help="Model id listed by /v1/models.")] = None,
     upstream_timeout: Annotated[float, typer.Option(help="Seconds per upstream call, retries included.")] = 300.0,
     log_level: Annotated[str, typer.Option(help="debug | info | warning")] = "info",
+    trust_harness_code: Annotated[bool, typer.Option(help="Run the harness's action.py/regulate.py in the proxy "
+                                                          "process instead of its sandboxed worker.")] = False,
 ) -> None:
     """Serve a harness as an OpenAI-compatible endpoint in front of an upstream model, recording what it sees.
 
@@ -42,14 +44,16 @@ def serve(
 
     settings = ServeSettings(host=host, port=port, max_concurrency=max_concurrency, max_pending=max_pending,
                              max_body_bytes=max_body_kb * 1000, retries=retries, api_key_env=api_key_env,
-                             model_name=model_name, upstream_timeout_s=upstream_timeout)
+                             model_name=model_name, upstream_timeout_s=upstream_timeout,
+                             trust_harness_code=trust_harness_code)
     try:
         proxy = build_proxy(harness, upstream, settings, store if record else None)
     except (HarnessError, ModelConfigError, RunDirBusy, ValueError) as exc:
         fail(f"cannot serve: {exc}")
         return
     console.print(f"serving harness {proxy.harness.name} ({proxy.harness.id}) on http://{host}:{port}/v1 "
-                  f"with upstream {upstream}" + (f"; recording in {store}" if record else ""))
+                  f"with upstream {upstream}" + (f"; recording in {store}" if record else "")
+                  + f"; harness code: {proxy.harness.isolation}")
     run(proxy, log_level)
 
 

@@ -10,9 +10,10 @@
 - H2 `realize`: the library's `realize_message` (repairs before and after the harness's `realize`,
   per-call repairs) plus schema validation, against the request's tools.
 
-The harness's Python layers run in this process (a frozen harness is code you chose to deploy; the
-trainer checked it in the sandbox before it was frozen). A harness that fails to load raises
-`HarnessError` naming the file.
+The harness's own Python layers (`action.py`, `regulate.py`: model-written) run in a long-lived sandboxed
+worker (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless `code="inprocess"`
+(`serve --trust-harness-code`: faster, for a harness you reviewed). The library's layers run here. A harness
+that fails to load (here or in its sandbox) raises `HarnessError` naming the file.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 from ..agent.loop import build_system_prompt
 from ..agent.realize import realize_message
@@ -36,6 +37,7 @@ from ..harness.repairs import REPAIRS_FILE, parse_repairs, repair_message
 from ..harness.skills import parse_demos
 from ..harness.tool_calls import native_realize, parse_arguments, validate
 from ..models.base import Message
+from .sandboxed import LayerCodeError, SandboxedLayers, probe
 
 
 class HarnessRuntimeError(RuntimeError):
@@ -99,16 +101,30 @@ def _layer_function(harness: HarnessVersion, root: Path, layer: str, function: s
 class ServedHarness:
     """One harness directory, loaded once and applied to every request."""
 
-    def __init__(self, directory: Path | str) -> None:
+    def __init__(self, directory: Path | str, code: Literal["sandbox", "inprocess"] = "sandbox") -> None:
         self.root = Path(directory).resolve()
         self.version = load_harness(self.root)
-        if self.version.manifest.mode == "freeform":
+        m = self.version.manifest
+        if m.mode == "freeform":
             raise HarnessError(f"{self.root}: a free-form harness drives its own loop; `serve` applies layered "
                                "harnesses only (mode = 'layered')")
-        if str(self.root) not in sys.path:  # harness modules may import their siblings, as in the sandbox
-            sys.path.insert(0, str(self.root))
-        self._realize = _layer_function(self.version, self.root, "action", "realize") or native_realize
-        self._regulate = _layer_function(self.version, self.root, "regulate", "regulate")
+        self.sandbox: SandboxedLayers | None = None
+        self._realize: Callable[..., Any] | None = native_realize
+        self._regulate: Callable[..., Any] | None = None
+        self.has_action, self.has_regulate = bool(m.files.action), bool(m.files.regulate)
+        if code == "sandbox" and (self.has_action or self.has_regulate):
+            try:
+                self.isolation = probe(self.version.files)
+            except LayerCodeError as exc:
+                raise HarnessError(f"{self.root}: {exc}") from exc
+            self.sandbox = SandboxedLayers(self.version.files)
+            self._realize = None if self.has_action else native_realize
+        else:
+            self.isolation = "in-process" if (self.has_action or self.has_regulate) else "no harness code"
+            if str(self.root) not in sys.path:  # harness modules may import their siblings, as in the sandbox
+                sys.path.insert(0, str(self.root))
+            self._realize = _layer_function(self.version, self.root, "action", "realize") or native_realize
+            self._regulate = _layer_function(self.version, self.root, "regulate", "regulate")
         self.repairs = parse_repairs(self.version.files.get(REPAIRS_FILE))
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
@@ -141,14 +157,14 @@ class ServedHarness:
         return self.manifest.name
 
     # H3 + H5 + H4 ---------------------------------------------------------------------------------
-    def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
+    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
         """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated."""
         agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         rest = [m for m in messages if m.role != "system"]
         first_user = next((m.content for m in rest if m.role == "user"), "")
         contract, tips, skill_ids = self._system(tools, first_user)
         system = "\n\n".join(part for part in (contract, agent_system) if part)
-        rest, annotations, stop, observations = self.regulate_results(rest)
+        rest, annotations, stop, observations = await self.regulate_results(rest)
         out = [Message(role="system", content=system)] if system else []
         out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
         out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
@@ -160,16 +176,14 @@ class ServedHarness:
             out.append(m)
         return Prepared(out, system, tips, skill_ids, first_user, annotations, stop, observations)
 
-    def regulate_results(self, messages: list[Message]
-                         ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
+    async def regulate_results(self, messages: list[Message]
+                               ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
         """H4 over every tool result; returns (messages, newest annotations, newest stop, newest results)."""
         last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
         calls: dict[str, Action] = {}
         history: list[tuple[Action, str]] = []
-        out: list[Message] = []
-        newest: list[str] = []
+        states: list[tuple[int, StepState]] = []  # (message index, state)
         observations: list[dict[str, Any]] = []
-        stop: Verdict | None = None
         turn = 0
         for index, m in enumerate(messages):
             if m.role == "assistant":
@@ -178,49 +192,112 @@ class ServedHarness:
                     args = parse_arguments(c.arguments)
                     calls[c.id] = Action(c.name, "" if args is not None else c.arguments, args, c.id)
             if m.role != "tool":
-                out.append(m)
                 continue
             action = calls.get(m.tool_call_id or "", Action("unknown", "", None, m.tool_call_id or ""))
-            fresh = index > last_assistant
-            if fresh:
+            if index > last_assistant:
                 observations.append({"tool": action.tool, "arguments": action.arguments, "text": m.content})
-            if self._regulate is None:
-                out.append(m)
-                continue
-            state = StepState(max(0, turn - 1), self.manifest.budget.max_turns, action, m.content, list(history))
+            states.append((index, StepState(max(0, turn - 1), self.manifest.budget.max_turns, action, m.content,
+                                            list(history))))
+            history.append((action, m.content))
+        if not states or not self.has_regulate:
+            return messages, [], None, observations
+        verdicts = await self._verdicts([state for _, state in states])
+        out = list(messages)
+        newest: list[str] = []
+        stop: Verdict | None = None
+        for (index, _), verdict in zip(states, verdicts, strict=True):
+            fresh = index > last_assistant
+            if verdict.annotation:
+                out[index] = out[index].model_copy(update={"content": f"{out[index].content}\n{verdict.annotation}"})
+                if fresh:
+                    newest.append(verdict.annotation)
+            if fresh and verdict.stop and stop is None:
+                stop = verdict
+        return out, newest, stop, observations
+
+    async def _verdicts(self, states: list[StepState]) -> list[Verdict]:
+        if self.sandbox is not None:
             try:
-                verdict = self._regulate(state)
+                raw = await self.sandbox.call("regulate", {"states": [_state_record(s) for s in states]})
+            except LayerCodeError as exc:
+                raise HarnessRuntimeError(f"H4 regulate(): {exc}") from exc
+            return [Verdict(v["annotation"], bool(v["stop"]), v["reason"]) for v in raw]
+        out = []
+        for state in states:
+            try:
+                verdict = self._regulate(state) if self._regulate is not None else Verdict()
             except Exception as exc:
                 raise HarnessRuntimeError(f"H4 regulate() raised: {traceback.format_exception_only(exc)[-1].strip()}"
                                           ) from exc
             if not isinstance(verdict, Verdict):
                 raise HarnessRuntimeError(f"H4 regulate() must return a Verdict, got {verdict!r}")
-            history.append((action, m.content))
-            if verdict.annotation:
-                m = m.model_copy(update={"content": f"{m.content}\n{verdict.annotation}"})
-                if fresh:
-                    newest.append(verdict.annotation)
-            if fresh and verdict.stop and stop is None:
-                stop = verdict
-            out.append(m)
-        return out, newest, stop, observations
+            out.append(verdict)
+        return out
 
     # H2 -------------------------------------------------------------------------------------------
-    def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
+    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
         """H2 on one upstream reply against the request's tools: repairs, realize, validation."""
-        ctx = ActionContext(tools, turn, task_prompt, conversational=True)
-        repaired, _ = repair_message(self.repairs, reply, tools)
+        if self._realize is not None:
+            try:
+                return realize_outcome(self._realize, self.repairs, reply, tools, turn, task_prompt)
+            except Exception as exc:
+                raise HarnessRuntimeError(f"H2 realize() raised: {traceback.format_exception_only(exc)[-1].strip()}"
+                                          ) from exc
+        assert self.sandbox is not None
+        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
         try:
-            realized = realize_message(self._realize, self.repairs, reply, ctx)
-        except Exception as exc:
-            raise HarnessRuntimeError(f"H2 realize() raised: {traceback.format_exception_only(exc)[-1].strip()}"
-                                      ) from exc
-        if realized.reject is not None:
-            return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
-                           realized.reject.feedback)
-        invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
-        feedback = "\n".join(message for _, _, message in invalid)
-        return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
+            raw = await self.sandbox.call("realize", {"text": reply.text, "calls": calls, "turn": turn,
+                                                      "task": task_prompt, "tools": [t.to_record() for t in tools]})
+        except LayerCodeError as exc:
+            raise HarnessRuntimeError(f"H2 realize(): {exc}") from exc
+        return outcome_from_record(raw)
+
+    async def aclose(self) -> None:
+        if self.sandbox is not None:
+            await self.sandbox.aclose()
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+
+def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
+                    turn: int, task_prompt: str) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
+    ctx = ActionContext(tools, turn, task_prompt, conversational=True)
+    repaired, _ = repair_message(repairs, reply, tools)
+    realized = realize_message(realize, repairs, reply, ctx)
+    if realized.reject is not None:
+        return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
+                       realized.reject.feedback)
+    invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
+    feedback = "\n".join(message for _, _, message in invalid)
+    return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
+
+
+def _action_record(a: Action) -> dict[str, Any]:
+    return {"tool": a.tool, "input": a.input, "arguments": a.arguments, "call_id": a.call_id}
+
+
+def _action_of(d: dict[str, Any]) -> Action:
+    return Action(d["tool"], d.get("input", ""), d.get("arguments"), d.get("call_id", ""))
+
+
+def _state_record(s: StepState) -> dict[str, Any]:
+    return {"turn": s.turn, "max_turns": s.max_turns, "action": _action_record(s.action),
+            "observation": s.observation, "history": [(_action_record(a), o) for a, o in s.history]}
+
+
+def outcome_record(o: Outcome) -> dict[str, Any]:
+    """An Outcome as JSON (what the sandboxed worker sends back)."""
+    return {"text": o.text, "actions": [_action_record(a) for a in o.actions], "repairs": o.repairs,
+            "reject_rule": o.reject_rule, "feedback": o.feedback,
+            "invalid": [(_action_record(a), kind, message) for a, kind, message in o.invalid]}
+
+
+def outcome_from_record(d: dict[str, Any]) -> Outcome:
+    return Outcome(d["text"], [_action_of(a) for a in d["actions"]], list(d["repairs"]), d["reject_rule"],
+                   d["feedback"], [(_action_of(a), kind, message) for a, kind, message in d["invalid"]])
 
 
 def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:

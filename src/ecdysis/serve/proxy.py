@@ -40,6 +40,7 @@ class ServeSettings(BaseModel):
     model_name: str | None = None  # the id /v1/models lists; default "ecdysis-<harness name>"
     upstream_retries: int = 2  # transient upstream failures retried by the model layer
     upstream_timeout_s: float = 300.0  # one upstream call, retries included
+    trust_harness_code: bool = False  # run the harness's action.py/regulate.py in this process, not the sandbox
 
 
 class UpstreamError(RuntimeError):
@@ -95,7 +96,7 @@ class Proxy:
         started = time.time()
         clock = time.perf_counter()
         tools = req.tool_specs()
-        prepared = self.harness.prepare(messages, tools)
+        prepared = await self.harness.prepare(messages, tools)
         events: list[dict[str, Any]] = []
         if first_turn:
             events.append({"kind": "prompt", "turn": turn_index, "system": prepared.system, "skills": prepared.skills,
@@ -130,7 +131,7 @@ class Proxy:
                            "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
                            "latency_s": response.latency_s, "cache_hit": response.cache_hit,
                            "retries": response.retries})
-            outcome = self.harness.realize(harness_reply(response.text, calls), tools, model_calls + attempt,
+            outcome = await self.harness.realize(harness_reply(response.text, calls), tools, model_calls + attempt,
                                            prepared.task_prompt)
             record.repairs += outcome.repairs
             events += [{"kind": "repair", "turn": turn_index, "name": name} for name in outcome.repairs]

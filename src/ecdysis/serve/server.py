@@ -26,7 +26,8 @@ def build_proxy(harness_dir: Path | str, upstream_ref: str, settings: ServeSetti
     (ModelConfigError for a bad reference or a missing key) unless `upstream` is given, and open the
     recording store (`store_dir` None: nothing is recorded)."""
     s = settings or ServeSettings()
-    harness = ServedHarness(harness_dir)
+    harness = ServedHarness(harness_dir, "inprocess" if s.trust_harness_code else "sandbox")
+    log.info("harness code: %s", harness.isolation)
     import jsonschema  # noqa: F401 - imported on first use by H2 validation and skill retrieval: not on
     import rank_bm25  # noqa: F401 - a request's clock
     if upstream is None:
@@ -67,6 +68,7 @@ def run(proxy: Proxy, log_level: str = "info") -> None:
         pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        proxy.harness.close()
         if proxy.recorder is not None:
             proxy.recorder.close()
 
@@ -89,5 +91,6 @@ def background(proxy: Proxy, host: str = "127.0.0.1", port: int = 0, log_level: 
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        proxy.harness.close()
         if close_recorder and proxy.recorder is not None:
             proxy.recorder.close()
