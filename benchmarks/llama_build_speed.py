@@ -51,6 +51,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
     args = parser.parse_args()
+    from ecdysis.models.llama_local import OMP_WAIT_POLICY
+
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # as the embedded backend runs it (override: env)
     import llama_cpp
 
     from ecdysis.doctor.llama import installed_wheel
@@ -67,6 +70,7 @@ def main() -> int:
     pp, tg = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
     result = {"llama_cpp_python": llama_cpp.__version__, "wheel": str(installed_wheel() or "not a cached wheel"),
               "system_info": info.strip(), "model": path.name, "threads": args.threads,
+              "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
               "prompt_tokens": len(tokens), "gen_tokens": args.gen, "runs": runs,
               "pp_tokens_per_s": round(pp, 1), "tg_tokens_per_s": round(tg, 1)}
     if args.json:
@@ -74,7 +78,8 @@ def main() -> int:
         return 0
     print(f"llama-cpp-python {result['llama_cpp_python']} ({result['wheel']})")
     print(f"build: {result['system_info']}")
-    print(f"model {path.name}, {args.threads} threads, {len(tokens)}-token prompt, {args.gen} generated tokens")
+    print(f"model {path.name}, {args.threads} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
+          f"{len(tokens)}-token prompt, {args.gen} generated tokens")
     for i, (p, t) in enumerate(runs, 1):
         print(f"  run {i}: pp {p:.1f} tok/s, tg {t:.1f} tok/s")
     print(f"median: pp {pp:.1f} tok/s, tg {tg:.1f} tok/s")

@@ -137,7 +137,7 @@ def test_init_from_a_plugin_writes_a_native_seed_that_evaluates(tmp_path: Path) 
 
 
 def test_a_second_process_on_the_same_run_dir_is_refused(tmp_path: Path, data_dir: Path) -> None:
-    args = slow_eval(tmp_path, data_dir, limit=6)
+    args = slow_eval(tmp_path, data_dir, limit=20)  # 12 s of episodes: still running when the second starts
     first = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline and not (tmp_path / "r" / ".ecdysis.lock").exists():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -44,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="catalog name or path to a .gguf")
     parser.add_argument("--tokens", type=int, default=MIN_TOKENS + 8, help="minimum prompt tokens")
     args = parser.parse_args(argv)
+    from ..models.llama_local import OMP_WAIT_POLICY
+
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # as the embedded backend runs it
     try:
         import llama_cpp
     except ImportError as exc:

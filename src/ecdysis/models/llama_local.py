@@ -43,7 +43,15 @@ _LOADED: dict[tuple[str, int, str], Loaded] = {}
 _LOAD_LOCK = threading.Lock()
 
 
+# llama.cpp's OpenMP worker threads spin while they wait for the next graph by default; on a machine whose
+# cores are shared (other processes, our own sandbox workers) a spinning thread holds the core the others
+# need: generation with 2 threads on 2 busy cores measured 1-2 tok/s spinning vs 12-16 tok/s passive
+# (SmolLM2-135M, benchmarks/llama_build_speed.py). Read by libgomp when llama_cpp loads; a user's value wins.
+OMP_WAIT_POLICY = "PASSIVE"
+
+
 def _import_llama() -> Any:
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
     try:
         import llama_cpp
     except ImportError as exc:
