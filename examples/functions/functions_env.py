@@ -144,6 +144,7 @@ class Functions:
     tools: tuple[ToolSpec, ...] = ()  # no shared tools: each task brings its own
     task_tools: bool = True
     parallel_calls: bool = True  # some tasks need several calls in one turn
+    ends_itself: bool = True  # an episode ends after the turn that made calls (no final reply to write)
     tool_calling: str = "native"
     max_turns: int = 2
     instructions: str = INSTRUCTIONS

@@ -36,7 +36,7 @@ FINAL_RULES = "When the task is done, reply in one short sentence without callin
 def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     """Seed harness files for `env` (an Environment; optional attributes: tools, instructions,
     tool_calling, conversational, max_turns, task_tools (each task brings its own tools), parallel_calls
-    (several calls in one reply are expected)). With task-level tools the contract does not list tools (they
+    (several calls in one reply are expected), ends_itself (episodes end after their calls: no final reply)). With task-level tools the contract does not list tools (they
     reach the model through the function-calling API), so the system prompt stays the same for every task."""
     tools = tuple(getattr(env, "tools", ()) or ())
     task_tools = bool(getattr(env, "task_tools", False))
@@ -51,7 +51,10 @@ def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     if tools or task_tools:
         parts.append((PARALLEL_RULES if parallel else NATIVE_RULES) if native == "native"
                      else "Use the tools as described above.")
-    parts.append(CONVERSATION_RULES if conversational else FINAL_RULES)
+    if conversational:
+        parts.append(CONVERSATION_RULES)
+    elif not getattr(env, "ends_itself", False):  # an episode that ends after its calls has no final reply
+        parts.append(FINAL_RULES)
     max_turns = int(getattr(env, "max_turns", 30 if conversational else 10))
     manifest = f'''name = "{env_name.replace(":", "-")}-seed"
 env = "{env_name}"
