@@ -168,6 +168,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=16)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--delay-ms", type=float, default=50.0, help="the fake upstream's time per reply")
+    parser.add_argument("--trust-harness-code", action="store_true", help="harness code in the proxy process")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--fake-upstream", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -186,7 +187,8 @@ def main() -> int:
             procs.append(subprocess.Popen(
                 [str(ecdysis), "serve", "--harness", str(harness), "--upstream",
                  f"http://127.0.0.1:{up_port}/v1::fake", "--port", str(proxy_port), "--store", f"{tmp}/store",
-                 "--max-concurrency", str(max(16, args.conversations)), "--log-level", "warning"],
+                 "--max-concurrency", str(max(16, args.conversations)), "--log-level", "warning",
+                 *(["--trust-harness-code"] if args.trust_harness_code else [])],
                 env={**os.environ, "PYTHONUNBUFFERED": "1"}))
             wait_up(f"http://127.0.0.1:{proxy_port}/health")
             for url, through in ((f"http://127.0.0.1:{up_port}/v1", False),
@@ -202,7 +204,8 @@ def main() -> int:
             for proc in reversed(procs):
                 proc.terminate()
                 proc.wait(timeout=30)
-    result = {"conversations": args.conversations, "turns": args.turns, "upstream_delay_ms": args.delay_ms,
+    result = {"harness_code": "in-process" if args.trust_harness_code else "sandboxed worker",
+              "conversations": args.conversations, "turns": args.turns, "upstream_delay_ms": args.delay_ms,
               "cpus": os.cpu_count(), "direct": direct, "proxied": proxied}
     print(json.dumps(result, indent=1))
     print(f"proxy overhead per request p50 {proxied.get('overhead_ms_p50')} ms, "

@@ -129,6 +129,7 @@ class ServedHarness:
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
         self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
+        self._verdict_cache: dict[str, Verdict] = {}
 
     def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
         """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
@@ -216,6 +217,20 @@ class ServedHarness:
         return out, newest, stop, observations
 
     async def _verdicts(self, states: list[StepState]) -> list[Verdict]:
+        """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
+        call, result and history: every later turn sends it again) is answered from a cache, so each request
+        regulates only its new results."""
+        records = [json.dumps(_state_record(s), sort_keys=True) for s in states]
+        missing = [i for i, key in enumerate(records) if key not in self._verdict_cache]
+        if missing:
+            fresh = await self._regulate_states([states[i] for i in missing])
+            if len(self._verdict_cache) > 50_000:
+                self._verdict_cache.clear()
+            for i, verdict in zip(missing, fresh, strict=True):
+                self._verdict_cache[records[i]] = verdict
+        return [self._verdict_cache[key] for key in records]
+
+    async def _regulate_states(self, states: list[StepState]) -> list[Verdict]:
         if self.sandbox is not None:
             try:
                 raw = await self.sandbox.call("regulate", {"states": [_state_record(s) for s in states]})

@@ -69,66 +69,75 @@ def probe(files: dict[str, str], timeout_s: float = 60.0) -> str:
 
 
 class SandboxedLayers:
-    """Host side: the worker process, started on first use in the serving event loop, one call at a time."""
+    """Host side: `workers` worker processes (each started on first use in the serving event loop), each
+    serving one call at a time; a call takes whichever is free."""
 
-    def __init__(self, files: dict[str, str]) -> None:
+    def __init__(self, files: dict[str, str], workers: int = 2) -> None:
         self.files = files
         self.isolation = ""
-        self._proc: asyncio.subprocess.Process | None = None
-        self._workdir = ""
-        self._lock: asyncio.Lock | None = None
+        self.size = max(1, workers)
+        self._procs: list[asyncio.subprocess.Process | None] = [None] * self.size
+        self._workdirs: list[str] = [""] * self.size
+        self._free: asyncio.Queue[int] | None = None
 
-    async def _start(self) -> asyncio.subprocess.Process:
-        argv, env, self._workdir, measures = _command()
+    async def _start(self, slot: int) -> asyncio.subprocess.Process:
+        argv, env, self._workdirs[slot], measures = _command()
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-            cwd=self._workdir, env=env or None, start_new_session=True, limit=16 * 1024 * 1024)
+            cwd=self._workdirs[slot], env=env or None, start_new_session=True, limit=16 * 1024 * 1024)
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.write(_init(self.files, measures))
         await proc.stdin.drain()
         first = json.loads(await asyncio.wait_for(proc.stdout.readline(), timeout=60) or b"{}")
         if "ready" not in first:
-            self._kill(proc)
+            self._kill(slot, proc)
             raise LayerCodeError(first.get("error") or "the sandbox worker exited before loading the harness")
         self.isolation = str(first["ready"])
         return proc
 
-    def _kill(self, proc: asyncio.subprocess.Process) -> None:
+    def _kill(self, slot: int, proc: asyncio.subprocess.Process) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, 9)
-        shutil.rmtree(self._workdir, ignore_errors=True)
+        shutil.rmtree(self._workdirs[slot], ignore_errors=True)
 
     async def call(self, op: str, payload: dict[str, Any]) -> Any:
         """One request to the harness code; its result, or LayerCodeError."""
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        async with self._lock:
-            if self._proc is None or self._proc.returncode is not None:
-                self._proc = await self._start()
-            proc = self._proc
+        if self._free is None:
+            self._free = asyncio.Queue()
+            for slot in range(self.size):
+                self._free.put_nowait(slot)
+        slot = await self._free.get()
+        try:
+            proc = self._procs[slot]
+            if proc is None or proc.returncode is not None:
+                proc = self._procs[slot] = await self._start(slot)
             assert proc.stdin is not None and proc.stdout is not None
             try:
                 proc.stdin.write((json.dumps({"op": op, **payload}) + "\n").encode())
                 await proc.stdin.drain()
                 line = await asyncio.wait_for(proc.stdout.readline(), timeout=CALL_TIMEOUT_S)
             except (TimeoutError, ConnectionError, BrokenPipeError) as exc:
-                self._kill(proc)
-                self._proc = None
+                self._kill(slot, proc)
+                self._procs[slot] = None
                 raise LayerCodeError(f"harness code: no answer within {CALL_TIMEOUT_S:g}s ({exc.__class__.__name__}); "
                                      "its worker was restarted") from exc
             if not line:
-                self._proc = None
+                self._procs[slot] = None
                 raise LayerCodeError("harness code: its sandbox worker died (restarted for the next request)")
             reply = json.loads(line)
             if "error" in reply:
                 raise LayerCodeError(reply["error"])
             return reply["result"]
+        finally:
+            self._free.put_nowait(slot)
 
     async def aclose(self) -> None:
-        """Stop the worker and reap it in the serving loop (its pipes close with the loop still running)."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            self._kill(proc)
+        """Stop the workers and reap them in the serving loop (their pipes close with the loop still running)."""
+        for slot, proc in enumerate(self._procs):
+            self._procs[slot] = None
+            if proc is None:
+                continue
+            self._kill(slot, proc)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), timeout=10)
             transport = getattr(proc, "_transport", None)
@@ -136,8 +145,9 @@ class SandboxedLayers:
                 transport.close()
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._kill(self._proc)
+        for slot, proc in enumerate(self._procs):
+            if proc is not None and proc.returncode is None:
+                self._kill(slot, proc)
 
 
 # --- the worker, inside the sandbox ----------------------------------------------------------------
@@ -149,9 +159,9 @@ def _action(data: dict[str, Any]) -> Any:
 
 
 def main() -> int:
-    from ..sandbox.worker import HostLink, isolate, yield_cpu
+    from ..sandbox.worker import HostLink, isolate
 
-    yield_cpu()
+    # not niced like an episode's worker: every request waits on this one
     link = HostLink(sys.stdin, os.fdopen(os.dup(1), "w", encoding="utf-8"))
     os.dup2(2, 1)  # harness code may print: keep the channel private
     sys.stdout = sys.stderr
