@@ -73,13 +73,11 @@ class StoredTurns:
 
 def runner_rerun(runner: Any) -> EpisodeRerun:
     """An `EpisodeRerun` on a `Runner`'s executor, environment and sandbox settings (grading in the host)."""
-    from ..runner.executors import Episode
     from ..runner.runner import grade_safely
 
     async def rerun(candidate: HarnessVersion, task: Task, traj: Trajectory) -> RerunOutcome:
         turns = StoredTurns(traj)
-        episode = Episode(candidate, runner.env_name, runner.env_options, task, traj.trial, runner.limits,
-                          runner.plugin_paths, list(getattr(runner.env, "sandbox_hidden", ())))
+        episode = runner.episode(candidate, task, traj.trial)  # the same sandbox view as a live episode
         conversational = task.user_scenario is not None
         new = await runner.executor.run(episode, turns.chat, turns.user if conversational else None)
         if turns.diverged_at is not None or new.termination in ("infra_error", "timeout"):
