@@ -34,6 +34,7 @@ from . import records
 from .api import run_id_for
 from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, cached, in_thread, text_components
 from .records import CurvePoint
+from .trainer import arm_workspace
 
 ROLE = "reflector"
 STALL_ITERATIONS = 5  # stop after this many GEPA iterations in a row that ran no agent episode
@@ -237,6 +238,7 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
     gepa = gepa_package()
     from gepa.strategies.instruction_proposal import InstructionProposalSignature
 
+    ws = arm_workspace(ws, config)  # a view of the workspace under this arm's config (the engine's)
     cfg, store = config, ws.store
     seed = ws.harness()
     run_id = store.start_run("train", cfg.model_dump(mode="json") | {"arm": ARM}, run_id=run_id_for(cfg, ARM))
