@@ -142,6 +142,8 @@ def test_plugin_path_init_with_options_and_eval_of_chosen_tasks_with_a_scripted_
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout)
     assert summary["n_tasks"] == 1 and summary["accuracy"] == 1.0 and summary["terminations"] == {"done": 1}
+    shown = cli("show", summary["run_id"], "--run-dir", str(tmp_path / "runs"), "--json", cwd=tmp_path)
+    assert json.loads(shown.stdout)["evaluations"][0]["per_task"] == {task.id: 1.0}  # per-task scores
     missing = cli("eval", "-c", str(tmp_path / "fn" / "ecdysis.toml"), "--split", "train", "--task", "nope",
                   "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert missing.returncode != 0 and "no task 'nope'" in missing.stderr

@@ -33,12 +33,13 @@ class EvalRow:
     wall_s: float
     terminations: dict[str, int]
     passed: frozenset[str]  # tasks with a passing episode
+    scores: dict[str, float] = field(default_factory=dict)  # task -> mean score over its trials
 
     def to_dict(self) -> dict[str, Any]:
         """The row as `show --json` prints it."""
         return {"id": self.id, "label": self.label, "harness_id": self.harness_id, "split": self.split,
                 "done": self.episodes, "planned": self.n_tasks * self.trials, "accuracy": self.accuracy,
-                "terminations": self.terminations, "tokens": self.tokens}
+                "terminations": self.terminations, "tokens": self.tokens, "per_task": self.scores}
 
 
 @dataclass
@@ -156,6 +157,13 @@ def trajectory_anchor(round_no: int, task_id: str) -> str:
     return f"traj-r{round_no}-{task_id}"
 
 
+def _task_scores(trajs: list[Any]) -> dict[str, float]:
+    by_task: dict[str, list[float]] = {}
+    for t in trajs:
+        by_task.setdefault(t.task_id, []).append(t.score)
+    return {task: sum(v) / len(v) for task, v in sorted(by_task.items())}
+
+
 def evaluation_rows(store: RunStore, run_id: str) -> list[EvalRow]:
     """Each evaluation of a run with its progress, accuracy, terminations and tokens (report, `show`)."""
     rows = []
@@ -169,7 +177,7 @@ def evaluation_rows(store: RunStore, run_id: str) -> list[EvalRow]:
             tokens=sum(t.prompt_tokens + t.completion_tokens for t in trajs),
             wall_s=float(summary.get("wall_s") or 0.0),
             terminations=dict(Counter(t.termination for t in trajs)),
-            passed=frozenset(t.task_id for t in trajs if t.passed)))
+            passed=frozenset(t.task_id for t in trajs if t.passed), scores=_task_scores(trajs)))
     return rows
 
 
