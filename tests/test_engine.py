@@ -76,7 +76,8 @@ async def test_after_an_accepted_serial_edit_the_next_target_is_a_failure_of_the
     assert "t3" in prompts[1] and "t1" not in prompts[1]
     new = ws.store.load_version(first.harness)
     # the per-failure full re-evaluation of the accepted harness ran on the training tasks
-    evaluations = [e for e in ws.store.evaluations(result.run_id) if e["harness_id"] == new.id and e["split"] == "train"]
+    evaluations = [e for e in ws.store.evaluations(result.run_id)
+                   if e["harness_id"] == new.id and e["split"] == "train"]
     assert evaluations and json.loads(evaluations[0]["summary"])["complete"]
     assert ws.store.get_record(result.run_id, "timing", "r1/f1/collect") is not None
     assert result.train_after == pytest.approx(0.5)  # the final harness was evaluated on train: 3 of 6
@@ -215,3 +216,60 @@ async def test_a_run_killed_mid_round_resumes_without_repeating_work(tmp_path: P
     assert [(p.harness_id, p.accepted, p.agent_executions) for p in result.curve] == [
         (p.harness_id, p.accepted, p.agent_executions) for p in reference.curve]
     assert records.load(ws2.store, result.run_id, RoundRecord, "r1") == result.rounds[0]
+
+
+class FakeRunner:
+    """Records scripted episodes: task `lost` is lost by the infrastructure on its first run; cached tasks
+    are served by the response cache."""
+
+    def __init__(self, store, lost: str = "", cached: tuple[str, ...] = ()) -> None:  # noqa: ANN001
+        self.store, self.lost, self.cached, self.runs = store, lost, cached, []
+        self.max_agent_tokens, self.tokens_spent = None, 0
+
+    def eval_id(self, harness, tasks, trials, label) -> str:  # noqa: ANN001
+        return f"{harness.id}-{label}-{'.'.join(t.id for t in tasks)}"
+
+    async def evaluate(self, harness, tasks, trials, split, label):  # noqa: ANN001, ANN201
+        from types import SimpleNamespace
+
+        from ecdysis.agent.trajectory import Trajectory
+
+        eval_id = self.eval_id(harness, tasks, trials, label)
+        self.store.open_evaluation(eval_id, "run", harness.id, "m", "env", split, trials, len(tasks), label)
+        done = self.store.done_keys(eval_id)
+        for task in tasks:
+            if (task.id, 0) in done:
+                continue
+            self.runs.append(task.id)
+            lost = task.id == self.lost and self.runs.count(task.id) == 1
+            hit = task.id in self.cached
+            self.store.record_trajectory(eval_id, Trajectory(
+                task.id, 0, harness.id, termination="infra_error" if lost else "answered", score=1.0, passed=True,
+                model_calls=1, cache_hits=int(hit)))
+        return SimpleNamespace(eval_id=eval_id)
+
+
+async def test_an_evaluation_with_a_lost_episode_is_completed_and_charged_per_episode_run(tmp_path: Path) -> None:
+    from helpers import seed_with
+
+    from ecdysis.envs.base import Task
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.budget import Budget, Spend
+    from ecdysis.trainer.evaluation import Evaluator
+
+    store = RunStore(tmp_path)
+    tasks = [Task(f"t{i}", "val", "q", "1") for i in range(5)]
+    runner = FakeRunner(store, lost="t1", cached=("t4",))
+    spend = Spend()
+    evaluator = Evaluator(store, "run", runner, {"val": tasks}, 1, {"val": 2}, Budget(agent_executions=3),
+                          lambda: spend)
+    measured = await evaluator.measure(seed_with("gsm8k"), "val")
+    assert measured.complete and measured.stopped is None and runner.runs.count("t1") == 2  # run again once
+    assert evaluator.executions() == (4, 1)  # t4 was served by the cache; the lost episode is not charged
+    budget = Evaluator(store, "run", runner, {"val": tasks}, 1, {"val": 2}, Budget(agent_executions=5),
+                       lambda: Spend(agent_executions=budget.executions()[0]))
+    cut = await budget.measure(seed_with("gsm8k", **{"contract.md": "other"}), "val")  # 1 episode left of 5
+    assert list(cut.per_task) == ["t0"] and cut.stopped == "budget spent: agent_executions 5/5"
+    assert budget.executions() == (5, 1)
+    again = Evaluator(store, "run", runner, {"val": tasks}, 1, {"val": 2}, Budget(), lambda: Spend())
+    assert again.executions() == (5, 1)  # recounted from the store after a restart

@@ -133,9 +133,15 @@ class Engine(TrainContext):
     async def collect(self, key: str, r: int, current: HarnessVersion) -> Evidence:
         """The current harness on the training tasks, its trajectories and grounded patterns."""
         measured = await self._timed(f"{key}/collect", lambda: self.evaluator.measure(current, "train"))
-        trajectories = [t for e in measured.eval_ids for t in self.store.trajectories(e) if t.termination != INFRA_ERROR]
+        trajectories = [t for e in measured.eval_ids for t in self.store.trajectories(e)
+                        if t.termination != INFRA_ERROR]
         patterns, measurements = await self.grounded_patterns(key, current, trajectories)
         return Evidence(key, r, current, measured, trajectories, patterns, measurements)
+
+    @staticmethod
+    def _record(r: int, ev: Evidence) -> RoundRecord:
+        return RoundRecord(round=r, harness_before=ev.current.id, harness_after=ev.current.id,
+                           train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
 
     def _incomplete(self, measured: Measured) -> str:
         return self.budget.exhausted(self.spend()) or measured.stopped or "evaluation incomplete"
@@ -144,8 +150,7 @@ class Engine(TrainContext):
         key = f"r{r}"
         ev = await self.collect(key, r, current)
         self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
-        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
-                             train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
+        record = self._record(r, ev)
         if not ev.collect.complete:
             return record.model_copy(update={"stop": self._incomplete(ev.collect), "reason": "collect incomplete"})
         if not ev.recurring:
@@ -164,8 +169,7 @@ class Engine(TrainContext):
         key = f"r{r}"
         ev = await self.collect(key, r, current)
         self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
-        record = RoundRecord(round=r, harness_before=current.id, harness_after=current.id,
-                             train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
+        record = self._record(r, ev)
         threshold = self.cfg.train.failure_threshold
         if ev.collect.complete and not ev.collect.failing(threshold):
             return record.model_copy(update={"stop": "no failures left", "reason": "no failures"})

@@ -137,7 +137,10 @@ class Evaluator:
                 break
         ran_ids = {task.id for c in chunks for task in c}
         lost = [t for t in out.missing if t in ran_ids]
-        if out.stopped is None and lost:
+        tokens = self.runner.max_agent_tokens
+        if out.stopped is None and lost and tokens is not None and self.runner.tokens_spent >= tokens:
+            out.stopped = f"run.max_agent_tokens ({tokens}) spent: {len(lost)} task(s) not run"
+        elif out.stopped is None and lost:
             out.stopped = f"{len(lost)} task(s) lost by the infrastructure twice: {', '.join(lost[:5])}"
         if out.stopped is None and max_batches and not out.complete:
             out.stopped = f"screened on {len(ran_ids)} of {len(out.expected)} task(s)"
