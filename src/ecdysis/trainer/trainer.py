@@ -191,7 +191,8 @@ class TrainContext:
     async def grounded_patterns(self, key: str, current: HarnessVersion, trajectories: list[Trajectory]
                                 ) -> tuple[list[Pattern], list[Measurement]]:
         """Aggregate, then measure every built-in repair on the stored replies and rank the patterns
-        (stored under `key`, so a resumed run reads them back)."""
+        (stored under `key`, so a resumed run reads them back; a harness measured in an earlier step, on the
+        same training evaluation, is not replayed again)."""
         trajectories = [t for t in trajectories if t.termination != INFRA_ERROR]
         stored = self.store.get_record(self.run_id, "patterns", key)
         measured = self.store.get_record(self.run_id, "measurements", key)
@@ -199,9 +200,15 @@ class TrainContext:
             return [Pattern(**d) for d in stored], [
                 Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in measured]
         tasks = {t.id: t for t in self.train_tasks}
-        measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
-            current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),
-            rerun=runner_rerun(self.runner)))
+        same = self.store.get_record(self.run_id, "measurements", f"harness/{current.id}")  # measured before
+        if same is not None:
+            measurements = [Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in same]
+        else:
+            measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
+                current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),
+                rerun=runner_rerun(self.runner)))
+            self.store.put_record(self.run_id, "measurements", f"harness/{current.id}",
+                                  measurement_records(measurements))
         self.store.put_record(self.run_id, "measurements", key, measurement_records(measurements))
         patterns = attach(self.patterns_of(trajectories), measurements, trajectories, tasks)
         self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
