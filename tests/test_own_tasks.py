@@ -147,3 +147,13 @@ def test_plugin_path_init_with_options_and_eval_of_chosen_tasks_with_a_scripted_
     missing = cli("eval", "-c", str(tmp_path / "fn" / "ecdysis.toml"), "--split", "train", "--task", "nope",
                   "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert missing.returncode != 0 and "no task 'nope'" in missing.stderr
+
+
+def test_env_options_naming_files_next_to_the_config_are_relative_to_it(tmp_path: Path) -> None:
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "db.json").write_text("{}")
+    path = tmp_path / "cfg" / "c.toml"
+    path.write_text('[env]\nname = "jsonl"\noptions = { path = "t.jsonl", db_file = "db.json", mode = "fast" }\n')
+    options = load_config(path).env.options
+    assert options == {"path": str(tmp_path / "cfg" / "t.jsonl"), "db_file": str(tmp_path / "cfg" / "db.json"),
+                       "mode": "fast"}

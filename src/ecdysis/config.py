@@ -229,9 +229,11 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None) ->
         env = data.setdefault("env", {})
         env["plugin_path"] = [str(base / p) for p in env.get("plugin_path", [])] + [str(base)]
         options = env.get("options")
-        task_file = options.get("path") if isinstance(options, dict) else None
-        if isinstance(task_file, str) and not Path(task_file).is_absolute():
-            options["path"] = str(base / task_file)  # a task file is relative to the config, like other paths
+        for key, value in (options.items() if isinstance(options, dict) else ()):
+            # a task file (`path`), and any option naming a file or folder next to the config, is relative to it
+            if isinstance(value, str) and value and not Path(value).is_absolute() and (
+                    key == "path" or (base / value).exists()):
+                options[key] = str(base / value)
     apply_overrides(data, overrides or [])
     problems = _unknown_keys(data, Config, "")
     if problems:
