@@ -5,6 +5,7 @@ storm outlasts the retries) and finishes."""
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -13,7 +14,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fault_proxy import FaultProxy  # noqa: E402
 
+SEED = Path(__file__).resolve().parents[2] / "src" / "ecdysis" / "harness" / "seeds" / "jsonl"
+
 MAX_RETRIES = 3
+# long enough for a real reply of SmolLM2 on 2 busy cores (a slower reply would count as one more retry and shift
+# the plan), short of the proxy's `timeout` fault
+ATTEMPT_TIMEOUT_S = 20
 # request by request: each group ends in a pass, so its reply arrives after len(group) - 1 retries;
 # the storm (MAX_RETRIES + 1 429s) exhausts one call's retries
 GROUPS = [["429", "429", "pass"], ["500", "503", "pass"], ["disconnect", "pass"], ["garbage", "empty", "pass"],
@@ -26,15 +32,22 @@ TASKS = [{"id": f"t{i}", "prompt": f"What is {i} plus 1? Reply with the number o
 def test_eval_survives_injected_faults_and_records_them(tmp_path: Path,
                                                         llama_server: tuple[subprocess.Popen[bytes], str]) -> None:
     _, upstream = llama_server
-    proxy = FaultProxy(upstream, [f for group in GROUPS for f in group] + STORM, slow_s=5.0)
+    proxy = FaultProxy(upstream, [f for group in GROUPS for f in group] + STORM, slow_s=ATTEMPT_TIMEOUT_S + 10)
     (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(t) for t in TASKS) + "\n")
+    # one model call per episode whatever the model writes: the fault plan is consumed request by request, so a
+    # reply the seed rejects (and the extra call its feedback costs) must not shift it
+    harness = shutil.copytree(SEED, tmp_path / "harness")
+    manifest = harness / "harness.toml"
+    manifest.write_text(manifest.read_text().replace("max_rejections = 1", "max_rejections = 0"))
+    assert "max_rejections = 0" in manifest.read_text()
     ref = f"{proxy.base}::smol"
     settings = f'model_settings."{ref}"'
     out = subprocess.run(
         [sys.executable, "-m", "ecdysis", "eval", "--env", "jsonl", "--tasks", "tasks.jsonl", "--model", ref,
+         "--harness", str(harness),
          "--split", "test", "--run-dir", "run", "--concurrency", "1", "--json", "--set", "cache.enabled=false",
-         "--set", f"{settings}.max_retries={MAX_RETRIES}", "--set", f"{settings}.attempt_timeout_s=2",
-         "--set", f"{settings}.total_timeout_s=60"],
+         "--set", f"{settings}.max_retries={MAX_RETRIES}", "--set", f"{settings}.attempt_timeout_s={ATTEMPT_TIMEOUT_S}",
+         "--set", f"{settings}.total_timeout_s=300"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600)
     proxy.close()
     assert out.returncode == 0, out.stdout + out.stderr
