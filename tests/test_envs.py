@@ -124,3 +124,25 @@ def test_limit_is_stratified_by_task_kind() -> None:
     assert seeded_order(tasks, 0) == seeded_order(list(reversed(tasks)), 0)  # deterministic
     plain = [Task(id=f"p{i}", split="test", prompt="", gold="") for i in range(5)]
     assert seeded_order(plain, 1) == sorted(seeded_order(plain, 1), key=lambda t: seeded_order(plain, 1).index(t))
+
+
+def test_a_plugin_imported_from_a_removed_folder_is_imported_again_from_the_configured_one(tmp_path: Path) -> None:
+    import shutil
+    import sys
+
+    from ecdysis.envs import import_module
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, marker in ((first, "first"), (second, "second")):
+        folder.mkdir()
+        (folder / "moving_plugin_env.py").write_text(f"WHERE = {marker!r}\n")
+    try:
+        assert import_module("moving_plugin_env:environment", [first]).WHERE == "first"
+        shutil.rmtree(first)
+        assert import_module("moving_plugin_env:environment", [second]).WHERE == "second"
+        assert import_module("moving_plugin_env:environment", [second]).WHERE == "second"  # kept once right
+    finally:
+        sys.modules.pop("moving_plugin_env", None)
+        for folder in (first, second):
+            if str(folder) in sys.path:
+                sys.path.remove(str(folder))

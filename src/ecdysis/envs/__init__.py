@@ -56,9 +56,11 @@ def resolve(name: str) -> str:
 def import_module(name: str, search: list[Path] | None = None) -> Any:
     """Import the module behind an environment reference, with `search` folders on the import path."""
     module_name = resolve(name).partition(":")[0]
-    for folder in search or []:
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
+    for folder in reversed(search or []):  # the configured plugin folders first, in their order
+        if str(folder) in sys.path:
+            sys.path.remove(str(folder))
+        sys.path.insert(0, str(folder))
+    _forget_if_elsewhere(module_name, search or [])
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
@@ -68,6 +70,23 @@ def import_module(name: str, search: list[Path] | None = None) -> Any:
         raise UnknownEnvironmentError(
             f"environment {name!r}: cannot import module {module_name!r} (looked in {looked} and the "
             "installed packages). Put it next to your config or in the working directory, or install it.") from exc
+
+
+def _forget_if_elsewhere(module_name: str, search: list[Path]) -> None:
+    """Drop an already imported plugin module that came from another folder than the one `search` finds it in
+    (or from a folder that is gone), so a second workspace in the same process imports its own plugin."""
+    top = module_name.split(".")[0]
+    loaded = getattr(sys.modules.get(top), "__file__", None)
+    if not loaded or top == "ecdysis":
+        return
+    for folder in search:
+        for candidate in (Path(folder) / f"{top}.py", Path(folder) / top / "__init__.py"):
+            if candidate.exists():
+                if not Path(loaded).exists() or candidate.resolve() != Path(loaded).resolve():
+                    for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+                        del sys.modules[name]
+                    importlib.invalidate_caches()
+                return
 
 
 def plugin_root(name: str, search: list[Path] | None = None) -> str | None:
