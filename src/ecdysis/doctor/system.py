@@ -98,29 +98,9 @@ def nested_namespaces() -> Check:
     return Check(name, "ok", "an episode can enter fresh namespaces inside the sandbox")
 
 
-def pids_cgroup_root() -> Path | None:
-    """A cgroup folder where this process may create a pids-limited child (v1 `pids`, or delegated v2)."""
-    candidates = [Path("/sys/fs/cgroup/pids")]
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            if line.startswith("0::"):
-                own = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-                if "pids" in (own / "cgroup.subtree_control").read_text().split():
-                    candidates.append(own)
-    for root in candidates:
-        probe = root / f"ecdysis-doctor-{os.getpid()}"
-        try:
-            probe.mkdir()
-            ok = (probe / "pids.max").exists()
-            probe.rmdir()
-        except OSError:
-            continue
-        if ok:
-            return root
-    return None
-
-
 def pids_cgroup() -> Check:
+    from ..sandbox.confine import pids_cgroup_root  # the one the sandbox uses
+
     root = pids_cgroup_root()
     if root is None:
         return Check("pids cgroup", "warn", "no cgroup this user may create pids-limited children in: processes are "
