@@ -169,3 +169,14 @@ def test_doctor_exits_1_with_the_fix_when_the_probe_fails(tmp_path: Path) -> Non
     assert "ecdysis.doctor.probe" in probe["fix"] and "make setup" in probe["fix"]
     text = doctor_cli("--probe-model", str(broken)).stdout
     assert "FAIL llama.cpp build: long-prompt probe" in text and "doctor: 1 check(s) failed" in text
+
+
+def test_doctor_sandbox_checks_keep_an_interpreter_under_tmp_visible(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecdysis.doctor import system
+
+    monkeypatch.setattr(system.sys, "prefix", "/tmp/clone/.venv")
+    monkeypatch.setattr(system.sys, "base_prefix", "/opt/python")
+    monkeypatch.setattr(system.sys, "executable", "/tmp/clone/.venv/bin/python3")
+    binds = system._rebind_under_tmp()
+    assert binds[binds.index("/tmp/clone/.venv") - 1] == "--ro-bind"
+    assert "/tmp/clone/.venv/bin" in binds and "/opt/python" not in binds

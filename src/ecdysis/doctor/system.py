@@ -57,12 +57,22 @@ def userns_fix() -> str:
             "user.max_user_namespaces")
 
 
+def _rebind_under_tmp() -> list[str]:
+    """The interpreter's folders that BWRAP_BASE's fresh /tmp would hide (a checkout or venv under /tmp)."""
+    folders = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable))}
+    out: list[str] = []
+    for folder in sorted(f for f in folders if f == "/tmp" or f.startswith("/tmp/")):
+        out += ["--ro-bind", folder, folder]
+    return out
+
+
 def _bwrap(args: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str] | str:
     exe = shutil.which("bwrap")
     if exe is None:
         return "bwrap not found"
     try:
-        return subprocess.run([exe, *BWRAP_BASE, *args], capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run([exe, *BWRAP_BASE, *_rebind_under_tmp(), *args], capture_output=True, text=True,
+                              timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return str(exc)
 
