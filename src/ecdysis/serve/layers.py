@@ -18,7 +18,6 @@ that fails to load (here or in its sandbox) raises `HarnessError` naming the fil
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import traceback
@@ -28,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal
 
-from ..agent.loop import build_system_prompt
+from ..agent.loop import build_system_prompt, load_module
 from ..agent.realize import realize_message
 from ..harness.api import Action, ActionContext, Reply, StepState, ToolSpec, Verdict
 from ..harness.api import ToolCall as HarnessCall
@@ -75,16 +74,11 @@ class Outcome:
 
 
 def _load_module(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise HarnessError(f"{path}: cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    """The agent loop's module loader, its failures as a HarnessError naming the file."""
     try:
-        spec.loader.exec_module(module)
+        return load_module(path, name)
     except Exception as exc:
         raise HarnessError(f"{path}: failed to import: {exc.__class__.__name__}: {exc}") from exc
-    return module
 
 
 def _layer_function(harness: HarnessVersion, root: Path, layer: str, function: str) -> Callable[..., Any] | None:

@@ -53,6 +53,12 @@ class Arm:
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
         raise NotImplementedError
 
+    def start_run(self, ws: Workspace) -> str:
+        """The arm's own run in the store, stable per arm, seed and config (a rerun resumes it)."""
+        cfg = self.config
+        return ws.store.start_run("compare-arm", {"arm": self.name, "seed": cfg.run.seed},
+                                  run_id=f"{self.name}-seed{cfg.run.seed}-{config_key(cfg, length=8)}")
+
 
 def arm_config(config: Config, arm: str) -> Config:
     """A copy of `config` for one arm: when `cache.isolate_arms`, a cache scope per arm, seed and config, so a
@@ -82,8 +88,7 @@ class BaselineArm(Arm):
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
         ws, cfg = ctx.ws, self.config
-        run_id = ws.store.start_run("compare-arm", {"arm": self.name, "seed": cfg.run.seed},
-                                    run_id=f"{self.name}-seed{cfg.run.seed}-{config_key(cfg, length=8)}")
+        run_id = self.start_run(ws)
         version = bare_harness(cfg.env.name) if self.name == "direct" else ws.harness()
         runner = ws.runner(run_id)
         train = await runner.evaluate(version, ws.tasks("train", cfg.train.train_limit), cfg.train.train_trials,
@@ -178,8 +183,7 @@ class BestOfKArm(Arm):
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
         ws, cfg = ctx.ws, self.config
-        run_id = ws.store.start_run("compare-arm", {"arm": self.name, "seed": cfg.run.seed},
-                                    run_id=f"{self.name}-seed{cfg.run.seed}-{config_key(cfg, length=8)}")
+        run_id = self.start_run(ws)
         seed = ws.harness()
         sampled = seed.with_files({"harness.toml": set_manifest_value(
             seed.files["harness.toml"], "generation", "temperature", cfg.eval.best_of_k_temperature)})
