@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -89,6 +90,13 @@ class OpenAICompatModel:
             return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
         return {"type": "json_object", "schema": schema}
 
+    async def _create(self, body: dict[str, Any]) -> Any:
+        """POST /chat/completions with `body` as given. The SDK's `chat.completions.create` first walks every
+        message through its TypedDict transform (type introspection per value: measured 64% of `ecdysis
+        serve`'s CPU per request, benchmarks/serve_overhead.py); our bodies are already plain JSON, so they go
+        through the client's documented raw `post` (same retries, timeouts, errors and parsed reply)."""
+        return await self._client.post("/chat/completions", body=body, cast_to=ChatCompletion)
+
     async def _attempt(self, request: ChatRequest) -> Any:
         p = request.params
         kwargs: dict[str, Any] = {
@@ -109,7 +117,7 @@ class OpenAICompatModel:
             if p.tool_choice is not None:
                 kwargs["tool_choice"] = p.tool_choice
         try:
-            return _checked(await self._client.chat.completions.create(**kwargs))
+            return _checked(await self._create(kwargs))
         except openai.APIStatusError as exc:
             # Some servers (llama-cpp-python) only take {"type": "json_object", "schema": ...}
             # and reject the OpenAI form with a 400, 422 or even a 500 naming response_format.
@@ -118,7 +126,7 @@ class OpenAICompatModel:
                 raise
             self._schema_style = "json_object"
             kwargs["response_format"] = self._response_format(p.json_schema)
-            return _checked(await self._client.chat.completions.create(**kwargs))
+            return _checked(await self._create(kwargs))
 
     async def _with_retries(self, request: ChatRequest) -> tuple[Any, int]:
         """(completion, retries it took)."""
