@@ -107,8 +107,9 @@ def test_bad_inputs_give_clear_errors(tmp_path: Path, data_dir: Path) -> None:
 def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data_dir: Path) -> None:
     assert ecdysis("init", "proj", "--env", "gsm8k", cwd=tmp_path).returncode == 0
     sets = ['agent.model="scripted:Answer: 18"', "train.train_limit=3", "train.test_limit=3", "train.rounds=1",
-            f'cache.path="{tmp_path / "cache.sqlite"}"', f'run.run_dir="{tmp_path / "cmp"}"']
+            f'cache.path="{tmp_path / "cache.sqlite"}"']
     out = ecdysis("compare", "-c", "proj/ecdysis.toml", "--arms", "fixed,serial,ecdysis", "--data-dir", str(data_dir),
+                  "--run-dir", str(tmp_path / "cmp"),
                   *[arg for s in sets for arg in ("--set", s)], cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     header = next(line for line in out.stdout.splitlines() if "measure" in line)

@@ -316,6 +316,7 @@ def compare(
         "fixed,serial,ecdysis"),
     seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
     transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
     executor: ExecutorOpt = None,
     ray_address: RayAddressOpt = None,
@@ -332,8 +333,8 @@ def compare(
     if config is None:
         fail("compare needs a config: ecdysis compare -c CONFIG (see benchmarks/*.toml)")
     try:
-        cfg = build_config(config, sets, **{"env.data_dir": data_dir, "run.executor": executor,
-                                            "run.ray_address": ray_address})
+        cfg = build_config(config, sets, **{"run.run_dir": run_dir, "env.data_dir": data_dir,
+                                            "run.executor": executor, "run.ray_address": ray_address})
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
