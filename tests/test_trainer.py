@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
-from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with
+from helpers import BOXED_SPEC, Roles, add_answer, jsonl_project, make_ws, seed_with
 
 from ecdysis.agent.trajectory import Trajectory
+from ecdysis.config import load_config
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
 from ecdysis.models import Message, MeteredModel, ScriptedModel
@@ -19,6 +21,7 @@ from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 from ecdysis.trainer.records import RoundRecord, SerialEdit, SpecRecord
+from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 DEBATE = "train.engine.skip_debate_when_verified=false"  # the roles are asked even when a measured lever covers all
@@ -282,3 +285,33 @@ def test_round_records_are_typed_and_old_records_still_load(tmp_path: Path) -> N
     assert [e.accepted for e in one.attempts()] == [True] and [e.task for e in serial.attempts()] == ["x"]
     records.put(store, "run", "r3", one)
     assert records.load(store, "run", RoundRecord, "r3") == one
+
+
+async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp_path: Path) -> None:
+    """Round 1 takes the measured lever without a debate; val rejects it; round 2 must not take the same
+    lever again for free but ask the roles (what they write is then decided like any spec)."""
+    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3), "split": "train"}
+            for i in range(6)]
+    rows += [{"id": f"v{i}", "prompt": f"Add {100 + i} and {i}.", "answer": str(100 + 2 * i), "split": "val"}
+             for i in range(4)]
+    rows += [{"id": "t0", "prompt": "Add 1 and 1.", "answer": "2", "split": "test"}]
+
+    def agent(messages: list[Message]) -> str:  # right on the training tasks, wrong on the val tasks
+        a, b = map(int, re.findall(r"\d+", messages[-1].content)[:2])
+        return f"The result is \\boxed{{{a + b + (1 if a >= 100 else 0)}}}"
+
+    roles = Roles()
+    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', "train.rounds=3", "train.accept_on=\"val\"",
+                             f'cache.path="{tmp_path / "c.sqlite"}"'])
+    ws = Workspace.open(cfg)
+    ws.backends["agent|scripted:agent"] = ScriptedModel(agent, name="agent")
+    for role in ROLES:
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
+    result = await train_async(cfg, ws=ws)
+    first, second = result.rounds[0], result.rounds[1]
+    assert not first.accepted and not second.accepted and "no strict gain" in first.reason
+    assert records.load(ws.store, result.run_id, SpecRecord, "r1").source.startswith("library: enable_repair")
+    assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"
+    assert roles.calls  # round 2 asked the roles
+    assert result.stop_reason == "nothing accepted twice in a row"

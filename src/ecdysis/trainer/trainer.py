@@ -136,6 +136,16 @@ class TrainContext:
             lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
         return "\n".join(lines)
 
+    def rejected_specs(self, r: int) -> set[str]:
+        """Summaries of the specs earlier rounds (1 .. r-1) had rejected."""
+        out = set()
+        for k in range(1, r):
+            decision = records.load(self.store, self.run_id, RoundRecord, f"r{k}")
+            spec = records.load(self.store, self.run_id, SpecRecord, f"r{k}")
+            if decision is not None and not decision.accepted and spec is not None and spec.spec is not None:
+                out.add(HarnessSpec.model_validate(spec.spec).summary())
+        return out
+
     def implementer(self) -> Implementer:
         """Builds candidates from specs: the implementer role, or the configured external command."""
         return Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,

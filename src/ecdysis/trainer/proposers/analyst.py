@@ -4,6 +4,7 @@ Both read the round's recurring patterns with their measured levers. With
 `train.engine.skip_debate_when_verified`, a round whose recurring patterns are all covered by one measured
 lever that gains tasks and loses none gets that lever as its spec without any role call: the roles could
 only add unmeasured edits next to it (and `with_verified_levers` would add the lever to their spec anyway).
+When an earlier round validated that same spec and rejected it, the round goes to the roles.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class AnalystProposer(Proposer):
         cfg = engine.cfg
         if cfg.train.engine.skip_debate_when_verified and (lever := covering_lever(evidence.patterns)):
             spec = lever_spec(evidence.patterns, lever)
-            if spec is not None:
+            # a lever an earlier round already validated and rejected goes to the roles instead of repeating
+            if spec is not None and spec.summary() not in engine.rejected_specs(evidence.round):
                 return Proposal(spec, evidence.patterns, source=f"library: {lever['lever']} covers every "
                                 "recurring pattern (no debate)")
         writer = SpecWriter(engine.store, engine.run_id, engine.roles, cfg.roles)
