@@ -87,9 +87,11 @@ def jsonl_project(tmp_path: Path, rows: list[dict[str, Any]]) -> list[str]:
             "run.progress=false"]
 
 
-def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str) -> Workspace:
-    rows = [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
-             "split": "train" if i < 6 else "test"} for i in range(10)]
+def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str,
+            rows: list[dict[str, Any]] | None = None) -> Workspace:
+    """A workspace on a JSONL suite of additions (`rows`, default 6 train + 4 test), the scripted agent and roles."""
+    rows = rows or [{"id": f"q{i}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3),
+                     "split": "train" if i < 6 else "test"} for i in range(10)]
     cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
                              f'run.run_dir="{tmp_path / "run"}"', "train.rounds=3",
                              "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"',

@@ -7,10 +7,9 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import BOXED_SPEC, Roles, add_answer, jsonl_project, make_ws, seed_with
+from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with
 
 from ecdysis.agent.trajectory import Trajectory
-from ecdysis.config import load_config
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
 from ecdysis.models import Message, MeteredModel, ScriptedModel
@@ -21,7 +20,6 @@ from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 from ecdysis.trainer.records import RoundRecord, SerialEdit, SpecRecord
-from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 DEBATE = "train.engine.skip_debate_when_verified=false"  # the roles are asked even when a measured lever covers all
@@ -301,14 +299,8 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
         return f"The result is \\boxed{{{a + b + (1 if a >= 100 else 0)}}}"
 
     roles = Roles()
-    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
-                             f'run.run_dir="{tmp_path / "run"}"', "train.rounds=3", "train.accept_on=\"val\"",
-                             f'cache.path="{tmp_path / "c.sqlite"}"'])
-    ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = ScriptedModel(agent, name="agent")
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
-    result = await train_async(cfg, ws=ws)
+    ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"', rows=rows)
+    result = await train_async(ws.config, ws=ws)
     first, second = result.rounds[0], result.rounds[1]
     assert not first.accepted and not second.accepted and "no strict gain" in first.reason
     assert records.load(ws.store, result.run_id, SpecRecord, "r1").source.startswith("library: enable_repair")

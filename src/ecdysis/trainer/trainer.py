@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,12 +124,16 @@ class TrainContext:
     def accept_split(self) -> str:
         return "val" if self.val_tasks else "train"
 
+    def _earlier_rounds(self, r: int) -> Iterator[tuple[int, RoundRecord | None, SpecRecord | None]]:
+        """Rounds 1 .. r-1 as stored: (round, its decision, its spec)."""
+        for k in range(1, r):
+            yield (k, records.load(self.store, self.run_id, RoundRecord, f"r{k}"),
+                   records.load(self.store, self.run_id, SpecRecord, f"r{k}"))
+
     def earlier_attempts(self, r: int) -> str:
         """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
         lines = []
-        for k in range(1, r):
-            decision = records.load(self.store, self.run_id, RoundRecord, f"r{k}")
-            spec = records.load(self.store, self.run_id, SpecRecord, f"r{k}")
+        for k, decision, spec in self._earlier_rounds(r):
             changes = HarnessSpec.model_validate(spec.spec).summary() if spec and spec.spec else ""
             verdict = "accepted" if decision and decision.accepted else "rejected"
             reason = (decision.reason or "") if decision else ""
@@ -138,13 +142,8 @@ class TrainContext:
 
     def rejected_specs(self, r: int) -> set[str]:
         """Summaries of the specs earlier rounds (1 .. r-1) had rejected."""
-        out = set()
-        for k in range(1, r):
-            decision = records.load(self.store, self.run_id, RoundRecord, f"r{k}")
-            spec = records.load(self.store, self.run_id, SpecRecord, f"r{k}")
-            if decision is not None and not decision.accepted and spec is not None and spec.spec is not None:
-                out.add(HarnessSpec.model_validate(spec.spec).summary())
-        return out
+        return {HarnessSpec.model_validate(spec.spec).summary() for _, decision, spec in self._earlier_rounds(r)
+                if decision is not None and not decision.accepted and spec is not None and spec.spec is not None}
 
     def implementer(self) -> Implementer:
         """Builds candidates from specs: the implementer role, or the configured external command."""
