@@ -32,7 +32,8 @@ ROWS = [("The striker scored twice in the final", "sports", "train"),
         ("The senator lost the election vote", "politics", "val"),
         ("Astronomers found water on a distant planet", "science", "train"),
         ("The band released a new album of songs", "music", "train"),
-        ("The orchestra played songs from the album", "music", "val")]
+        ("The orchestra played songs from the album", "music", "val"),
+        ("A recipe for bread and cake", "music", "train")]
 
 
 def tasks() -> list[Task]:
@@ -63,7 +64,7 @@ def test_retrieval_picks_the_nearest_training_tasks_and_never_a_val_or_test_task
     train = [t for t in tasks() if t.split == "train"]
     spec = HarnessSpec(patterns_addressed=["P1"], changes=[Change(layer="H5", kind="add_examples", value=2)])
     files, notes = apply_structured(harness, spec, [], everything)
-    assert "examples.json" in files and "2 per task from 4 training tasks" in notes[0]
+    assert "examples.json" in files and "2 per task from 5 training tasks" in notes[0]
     assert check_static(harness, files, train).layer_text("examples") == files["examples.json"]
     leaked = json.loads(files["examples.json"])
     leaked["examples"].append({"prompt": ROWS[3][0], "answer": "politics"})  # a val task
@@ -75,6 +76,17 @@ def test_retrieval_picks_the_nearest_training_tasks_and_never_a_val_or_test_task
         check_static(harness, {**files, "examples.json": json.dumps(wrong)}, train)
 
 
+def test_retrieval_matches_texts_of_one_script_that_share_no_letter() -> None:
+    greek, cyrillic, hiragana = "\u03b1\u03b2\u03b3", "\u0434\u0436\u0437", "\u3042\u3044\u3046"
+    text = json.dumps({"k": 1, "examples": [{"prompt": f"Which script: {cyrillic}", "answer": "Cyrillic"},
+                                            {"prompt": f"Which script: {hiragana}", "answer": "Hiragana"},
+                                            {"prompt": f"Which script: {greek}", "answer": "Greek"}]})
+    assert nearest_examples(parse_examples(text), "Which script: \u03b4\u03b5\u03b6") == [
+        (f"Which script: {greek}", "Greek")]
+    assert nearest_examples(parse_examples(text), "Which script: \u304b\u304d") == [
+        (f"Which script: {hiragana}", "Hiragana")]
+
+
 def labeller(messages: list[Message]) -> str:
     """Answers a label with extra words for sports and science ('sports news'), a bare label otherwise."""
     text = next(m.content for m in messages if m.role == "user").lower()
@@ -82,6 +94,8 @@ def labeller(messages: list[Message]) -> str:
         return "Answer: Sports news"
     if "planet" in text:
         return "Answer: it is science."
+    if "recipe" in text:
+        return "Answer: cooking"  # names no allowed answer: the constraint asks again
     return "Answer: politics" if "vote" in text else "Answer: music"
 
 
@@ -115,6 +129,7 @@ def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
     live = {t.task_id for t in ws.store.trajectories(after.eval_id) if t.passed} - {
         t.task_id for t in ws.store.trajectories(before.eval_id) if t.passed}
     assert set(answer_set.gained) == live == {"t0", "t4"} and not answer_set.lost  # replay == live
+    assert answer_set.changed == ["t7"]  # rejected with rejections to spare: its next reply is unknown, not a fail
 
 
 def test_answer_set_maps_or_rejects_with_the_allowed_answers() -> None:

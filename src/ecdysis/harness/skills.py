@@ -27,9 +27,11 @@ def tokenize(text: str) -> list[str]:
 
 
 def example_tokens(text: str) -> list[str]:
-    """Words for example retrieval: ASCII words (stopwords ignored) and every other letter on its own, so texts
-    in scripts without ASCII words (or without spaces) still match by the characters they share."""
-    return tokenize(text) + [ch for ch in text.lower() if ch.isalpha() and not ch.isascii()]
+    """Words for example retrieval: ASCII words (stopwords ignored), every other letter on its own and the
+    128-code-point range it lies in, so texts in scripts without ASCII words (or without spaces) match by the
+    letters they share, and texts in one script match even when they share no letter."""
+    letters = [ch for ch in text.lower() if ch.isalpha() and not ch.isascii()]
+    return tokenize(text) + letters + [f"u{ord(ch) >> 7:x}" for ch in letters]
 
 
 def parse_skills(text: str | None) -> list[Skill]:

@@ -148,16 +148,18 @@ def text_only(traj: Trajectory, task: Task) -> bool:
     return not traj.offered_tools() and task.user_scenario is None
 
 
-def _regrade(traj: Trajectory, realized: list[dict[str, Any]], env: Environment, task: Task, budget: int) -> bool:
-    answer, rejections = None, 0
+def _regrade(traj: Trajectory, realized: list[dict[str, Any]], env: Environment, task: Task,
+             budget: int) -> bool | None:
+    """The grade of a text-only episode under the candidate's H2, or None when the candidate rejects every
+    stored reply with rejections to spare: the agent would be asked again, with a reply nobody has seen."""
+    rejections = 0
     for r in realized:
         if "actions" in r:
-            answer = r["actions"][0]["input"]
-            break
+            return env.grade(task, r["actions"][0]["input"], {}).passed
         rejections += 1
         if rejections > budget:
-            break
-    return env.grade(task, answer, {}).passed if answer is not None else False
+            return False
+    return None
 
 
 async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
@@ -168,7 +170,8 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
     tasks it would gain or lose.
 
     An episode none of whose replies realizes differently is unchanged. A changed text-only episode (no
-    tools, no user) is regraded from its answer. A changed tool or conversation episode is re-run with its
+    tools, no user) is regraded from its answer (or changed, when every stored reply is now rejected with
+    rejections to spare). A changed tool or conversation episode is re-run with its
     stored replies when `rerun` is given (exact when it ends without asking anything new; see `rerun.py`),
     else — or when it diverges — it is reported as changed (`changed` if it failed, `changed_passing` if it
     passed), never guessed. With `baseline` (the current harness's replay), `rescued` counts replies per
@@ -193,7 +196,10 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
         task = tasks[traj.task_id]
         if text_only(traj, task):
             passed = _regrade(traj, realized, env, task, budget)
-            if traj.passed and not passed:
+            if passed is None:
+                report.unknown += 1
+                (report.changed_passing if traj.passed else report.changed).append(traj.task_id)
+            elif traj.passed and not passed:
                 report.lost.append(traj.task_id)
             elif passed and not traj.passed:
                 report.gained.append(traj.task_id)
