@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with
+from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_files, seed_with
 
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs.base import Task
@@ -19,7 +19,7 @@ from ecdysis.trainer.accept import decide
 from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
-from ecdysis.trainer.records import RoundRecord, SerialEdit, SpecRecord
+from ecdysis.trainer.records import CandidateRecord, RoundRecord, SerialEdit, SpecRecord
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 DEBATE = "train.engine.skip_debate_when_verified=false"  # the roles are asked even when a measured lever covers all
@@ -307,3 +307,38 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
     assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"
     assert roles.calls  # round 2 asked the roles
     assert result.stop_reason == "nothing accepted twice in a row"
+
+
+async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_library(tmp_path: Path) -> None:
+    """The roles write the same spec every round; round 2 must not validate the harness round 1 rejected
+    again but try the library's next lever (here retrieved labelled examples, which val accepts)."""
+    labels = ["sports", "politics"]
+    texts = {"sports": ["The striker scored in the cup final", "The keeper saved a penalty in the final",
+                        "The team won the league final", "The striker missed a penalty in the cup",
+                       "The keeper scored in the league final"],
+             "politics": ["Parliament passed the budget vote", "The senator won the election vote",
+                          "The minister lost the budget vote", "The senator called an election vote",
+                          "Parliament lost the election vote"]}
+    rows = [{"id": f"{g[0]}{i}", "prompt": f"Which topic: {text}", "answer": g, "choices": labels,
+             "split": "train" if i < 3 else "val"} for g in labels for i, text in enumerate(texts[g])]
+    rows += [{"id": "t0", "prompt": "Which topic: the budget vote", "answer": "politics", "choices": labels,
+              "split": "test"}]
+
+    def agent(messages: list[Message]) -> str:  # says "sports" unless shown an example, then copies the last
+        shown = [m.content for m in messages if m.role == "assistant"]
+        return shown[-1] if shown else "Answer: sports"
+
+    seed = tmp_path / "labels-seed"
+    seed.mkdir()
+    for rel, text in seed_files("jsonl").items():
+        (seed / rel).write_text(text)
+    roles = Roles()  # proposes enabling boxed_answer every round: nothing for a wrong label
+    ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
+                 "train.val_limit=4", f'agent.harness="{seed}"', rows=rows)
+    result = await train_async(ws.config, ws=ws)
+    first, second = result.rounds[0], result.rounds[1]
+    assert not first.accepted and "no strict gain" in first.reason
+    assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"  # the same spec again
+    candidate = records.load(ws.store, result.run_id, CandidateRecord, "r2")
+    assert candidate.source == "library: add_examples" and second.candidate != first.candidate
+    assert second.accepted and "examples.json" in ws.store.load_version(second.harness_after).files

@@ -100,6 +100,13 @@ class Engine(TrainContext):
     def curve(self) -> list[CurvePoint]:
         return sorted((p for _, p in records.load_all(self.store, self.run_id, CurvePoint)), key=lambda p: p.step)
 
+    def rejected_candidates(self) -> set[str]:
+        """Harness ids this run already validated and rejected: the same harness would be decided the same."""
+        rounds = {r.candidate for _, r in records.load_all(self.store, self.run_id, RoundRecord)
+                  if r.candidate and not r.accepted and r.decision_taken}
+        return rounds | {e.harness for _, e in records.load_all(self.store, self.run_id, SerialEdit)
+                         if e.harness and not e.accepted and e.decision_taken}
+
     # the loop ---------------------------------------------------------------------------------------------
     async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
         self.store.save_version(seed, note="seed")
@@ -260,11 +267,12 @@ class Engine(TrainContext):
             return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories, single))
 
         built = await build(spec, "implement") if spec is not None else None
-        used = spec
-        if (built is None or built.version is None) and self.proposer.library_fallback:
-            for fallback in library_fallback_specs(patterns):
+        used, rejected = spec, self.rejected_candidates()
+        repeat = built is not None and built.version is not None and built.version.id in rejected
+        if (built is None or built.version is None or repeat) and self.proposer.library_fallback:
+            for fallback in library_fallback_specs(patterns):  # a repeat of a rejected harness is no new try
                 attempt = await build(fallback, "implement")
-                if attempt.version is not None:
+                if attempt.version is not None and attempt.version.id not in rejected:
                     built, used = attempt, fallback
                     source = f"library: {fallback.changes[0].kind}"
                     break
