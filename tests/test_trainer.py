@@ -341,4 +341,5 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"  # the same spec again
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r2")
     assert candidate.source == "library: add_examples" and second.candidate != first.candidate
+    assert second.library_candidate == "add_examples"
     assert second.accepted and "examples.json" in ws.store.load_version(second.harness_after).files
