@@ -309,22 +309,27 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
     assert result.stop_reason == "nothing accepted twice in a row"
 
 
-async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_library(tmp_path: Path) -> None:
-    """The roles write the same spec every round; round 2 must not validate the harness round 1 rejected
-    again but try the library's next lever (here retrieved labelled examples, which val accepts)."""
-    labels = ["sports", "politics"]
-    texts = {"sports": ["The striker scored in the cup final", "The keeper saved a penalty in the final",
-                        "The team won the league final", "The striker missed a penalty in the cup",
-                       "The keeper scored in the league final"],
-             "politics": ["Parliament passed the budget vote", "The senator won the election vote",
-                          "The minister lost the budget vote", "The senator called an election vote",
-                          "Parliament lost the election vote"]}
+TOPICS = {"sports": ["The striker scored in the cup final", "The keeper saved a penalty in the final",
+                     "The team won the league final", "The striker missed a penalty in the cup",
+                     "The keeper scored in the league final"],
+          "politics": ["Parliament passed the budget vote", "The senator won the election vote",
+                       "The minister lost the budget vote", "The senator called an election vote",
+                       "Parliament lost the election vote"]}
+CAREFUL_RULE = {"patterns_addressed": ["P1"], "changes": [{
+    "layer": "H3", "kind": "add_rule", "file": "", "text": "Read the question once more before you answer.",
+    "repair": "", "value": 0, "rationale": "general"}], "skills": [], "implementation_notes": "", "expected_effect": ""}
+
+
+def topic_ws(tmp_path: Path, roles: Roles) -> object:
+    """Topic labels (3 train + 2 val per label) and an agent that says "sports" unless shown an example (then it
+    copies the nearest one's answer): the failures are model-level and retrieved examples fix them."""
+    labels = list(TOPICS)
     rows = [{"id": f"{g[0]}{i}", "prompt": f"Which topic: {text}", "answer": g, "choices": labels,
-             "split": "train" if i < 3 else "val"} for g in labels for i, text in enumerate(texts[g])]
+             "split": "train" if i < 3 else "val"} for g in labels for i, text in enumerate(TOPICS[g])]
     rows += [{"id": "t0", "prompt": "Which topic: the budget vote", "answer": "politics", "choices": labels,
               "split": "test"}]
 
-    def agent(messages: list[Message]) -> str:  # says "sports" unless shown an example, then copies the last
+    def agent(messages: list[Message]) -> str:
         shown = [m.content for m in messages if m.role == "assistant"]
         return shown[-1] if shown else "Answer: sports"
 
@@ -332,9 +337,14 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     seed.mkdir()
     for rel, text in seed_files("jsonl").items():
         (seed / rel).write_text(text)
-    roles = Roles()  # proposes enabling boxed_answer every round: nothing for a wrong label
-    ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
-                 "train.val_limit=4", f'agent.harness="{seed}"', rows=rows)
+    return make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
+                   "train.val_limit=4", f'agent.harness="{seed}"', rows=rows)
+
+
+async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_library(tmp_path: Path) -> None:
+    """The roles write the same rule every round; round 2 must not validate the harness round 1 rejected
+    again but try the library's next lever (here retrieved labelled examples, which val accepts)."""
+    ws = topic_ws(tmp_path, Roles(spec=CAREFUL_RULE))
     result = await train_async(ws.config, ws=ws)
     first, second = result.rounds[0], result.rounds[1]
     assert not first.accepted and "no strict gain" in first.reason
@@ -343,3 +353,13 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     assert candidate.source == "library: add_examples" and second.candidate != first.candidate
     assert second.library_candidate == "add_examples"
     assert second.accepted and "examples.json" in ws.store.load_version(second.harness_after).files
+
+
+async def test_an_h2_spec_whose_replay_changes_nothing_gives_the_round_to_the_library(tmp_path: Path) -> None:
+    """The roles enable `boxed_answer` for replies that never hold a box: replay shows it changes no training
+    episode, so the round validates the library's lever instead of a no-op."""
+    ws = topic_ws(tmp_path, Roles())
+    result = await train_async(ws.config, ws=ws)
+    first = result.rounds[0]
+    candidate = records.load(ws.store, result.run_id, CandidateRecord, "r1")
+    assert candidate.source == "library: add_examples" and first.accepted

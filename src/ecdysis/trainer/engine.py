@@ -26,6 +26,7 @@ from .accept import Decision, decide_on_same_tasks, rejection_certain
 from .budget import AGENT_ROLES, Budget, Spend
 from .evaluation import Evaluator, Measured
 from .failures import Pattern
+from .implement import Candidate
 from .levers import candidate_variants, library_fallback_specs
 from .proposers import Evidence, Proposer, make_proposer
 from .records import CandidateRecord, CurvePoint, RoundRecord, SerialEdit, SpecRecord
@@ -51,6 +52,18 @@ class Outcome:
     early: bool = False
     library: str | None = None
     tried: str | None = None
+
+
+def changes_nothing(current: HarnessVersion, built: Candidate) -> bool:
+    """A candidate that edits only H2 (repairs, the action file) and whose replay changes no training episode:
+    on the evidence it acts exactly like the current harness."""
+    if built.version is None or built.replay is None:
+        return False
+    files = built.version.files
+    edited = {f for f in set(files) | set(current.files) if files.get(f) != current.files.get(f)}
+    r = built.replay
+    return edited <= {"repairs.json", current.manifest.files.action or "action.py"} and not (
+        r.gained or r.lost or r.changed or r.changed_passing or r.rescued)
 
 
 class Engine(TrainContext):
@@ -268,9 +281,10 @@ class Engine(TrainContext):
 
         built = await build(spec, "implement") if spec is not None else None
         used, rejected = spec, self.rejected_candidates()
-        repeat = built is not None and built.version is not None and built.version.id in rejected
-        if (built is None or built.version is None or repeat) and self.proposer.library_fallback:
-            for fallback in library_fallback_specs(patterns):  # a repeat of a rejected harness is no new try
+        weak = built is not None and built.version is not None and (
+            built.version.id in rejected or changes_nothing(current, built))
+        if (built is None or built.version is None or weak) and self.proposer.library_fallback:
+            for fallback in library_fallback_specs(patterns):  # no new try: a rejected harness, or a no-op
                 attempt = await build(fallback, "implement")
                 if attempt.version is not None and attempt.version.id not in rejected:
                     built, used = attempt, fallback
