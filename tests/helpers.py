@@ -26,6 +26,14 @@ def seed_files(env: str) -> dict[str, str]:
             and "__pycache__" not in p.parts}
 
 
+def write_seed(directory: Path, env: str) -> Path:
+    """The built-in seed harness of `env` written to `directory` (created), for configs that name a folder."""
+    directory.mkdir(exist_ok=True)
+    for rel, text in seed_files(env).items():
+        (directory / rel).write_text(text)
+    return directory
+
+
 def seed_with(env: str, **changes: str) -> HarnessVersion:
     files = seed_files(env)
     files.update(changes)

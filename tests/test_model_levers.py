@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ROLES, Roles, seed_files, sync_chat
+from helpers import ROLES, Roles, seed_files, sync_chat, write_seed
 
 from ecdysis.agent.loop import run_episode
 from ecdysis.agent.trajectory import Trajectory
@@ -103,10 +103,7 @@ def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps({"id": f"t{i}", "prompt": p, "answer": g, "split": s})
                               for i, (p, g, s) in enumerate(ROWS)))
-    harness = tmp_path / "seed"
-    harness.mkdir()
-    for rel, text in seed_files("jsonl").items():
-        (harness / rel).write_text(text)
+    harness = write_seed(tmp_path / "seed", "jsonl")
     cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"',
                              f'env.options.labels={json.dumps(LABELS)}',
                              'env.options.grader="exact"', f'agent.harness="{harness}"', "run.progress=false",

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_files, seed_with
+from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with, write_seed
 
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs.base import Task
@@ -20,6 +20,7 @@ from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 from ecdysis.trainer.records import CandidateRecord, RoundRecord, SerialEdit, SpecRecord
+from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 DEBATE = "train.engine.skip_debate_when_verified=false"  # the roles are asked even when a measured lever covers all
@@ -320,7 +321,7 @@ CAREFUL_RULE = {"patterns_addressed": ["P1"], "changes": [{
     "repair": "", "value": 0, "rationale": "general"}], "skills": [], "implementation_notes": "", "expected_effect": ""}
 
 
-def topic_ws(tmp_path: Path, roles: Roles) -> object:
+def topic_ws(tmp_path: Path, roles: Roles) -> Workspace:
     """Topic labels (3 train + 2 val per label) and an agent that says "sports" unless shown an example (then it
     copies the nearest one's answer): the failures are model-level and retrieved examples fix them."""
     labels = list(TOPICS)
@@ -333,10 +334,7 @@ def topic_ws(tmp_path: Path, roles: Roles) -> object:
         shown = [m.content for m in messages if m.role == "assistant"]
         return shown[-1] if shown else "Answer: sports"
 
-    seed = tmp_path / "labels-seed"
-    seed.mkdir()
-    for rel, text in seed_files("jsonl").items():
-        (seed / rel).write_text(text)
+    seed = write_seed(tmp_path / "labels-seed", "jsonl")
     return make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
                    "train.val_limit=4", f'agent.harness="{seed}"', rows=rows)
 

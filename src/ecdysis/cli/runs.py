@@ -41,9 +41,10 @@ def what_changed(view: Any) -> list[str]:
         verdict = "accepted" if rec.accepted else ("stop" if rec.stop and not rec.candidate else "rejected")
         changes = [change_text(c) for c in ((r.spec.spec or {}).get("changes", []) if r.spec else [])]
         variant = f" [{rec.variant}]" if rec.variant else ""
-        what = f"; spec: {', '.join(changes)}" if changes else ""
-        if rec.library_candidate:  # the roles' spec did not run, or rebuilt a rejected harness
-            what = f"; tried the library's {rec.library_candidate}{f' (the roles wrote: {what[8:]})' if what else ''}"
+        spec = ", ".join(changes)
+        what = f"; spec: {spec}" if spec else ""
+        if rec.library_candidate:  # the roles' spec did not run, rebuilt a rejected harness or was a no-op
+            what = f"; tried the library's {rec.library_candidate}" + (f" (the roles wrote: {spec})" if spec else "")
         lines.append(f"round {rec.round}: {verdict}{variant} - {rec.stop or rec.reason or ''}{what}")
     return lines
 

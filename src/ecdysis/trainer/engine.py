@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ..agent.trajectory import INFRA_ERROR
 from ..config import Config
 from ..harness.manifest import HarnessVersion
+from ..harness.repairs import REPAIRS_FILE
 from ..workspace import Workspace
 from . import records
 from .accept import Decision, decide_on_same_tasks, rejection_certain
@@ -62,7 +63,7 @@ def changes_nothing(current: HarnessVersion, built: Candidate) -> bool:
     files = built.version.files
     edited = {f for f in set(files) | set(current.files) if files.get(f) != current.files.get(f)}
     r = built.replay
-    return edited <= {"repairs.json", current.manifest.files.action or "action.py"} and not (
+    return edited <= {REPAIRS_FILE, current.manifest.files.action} and not (
         r.gained or r.lost or r.changed or r.changed_passing or r.rescued)
 
 
