@@ -28,7 +28,14 @@ from ecdysis.trainer.compare import (
     voted_accuracy,
     write_results,
 )
-from ecdysis.trainer.compare_results import ArmResult, add_ratios, mean_ci, summarize, t_critical
+from ecdysis.trainer.compare_results import (
+    ArmResult,
+    add_ratios,
+    mean_ci,
+    pool_results,
+    summarize,
+    t_critical,
+)
 from ecdysis.trainer.gepa_arm import training_spend
 from ecdysis.trainer.records import CurvePoint
 from ecdysis.workspace import Workspace
@@ -181,10 +188,42 @@ def test_ratios_and_times_are_read_off_the_curves() -> None:
     assert serial.time_to_final_s == 300 and ecdysis.time_to_final_s == 60
     assert serial.time_to_serial_acc_s == 300 and ecdysis.time_to_serial_acc_s == 60
     assert ecdysis.executions_to_serial_acc == 25 and ecdysis.speedup_to_serial_acc == pytest.approx(5.0)
+    assert ecdysis.speedup_to_serial_acc_after_seed == pytest.approx(5.0)  # both seeds evaluated at wall 0
     assert ecdysis.speedup_vs_serial == pytest.approx(2.0) and ecdysis.executions_ratio_vs_serial == 2.0
     assert slow.time_to_serial_acc_s is None and slow.speedup_to_serial_acc is None  # never reached 0.5
     assert ecdysis.test_gain_vs_fixed == pytest.approx(2.0) and ecdysis.test_gain_vs_serial == pytest.approx(0.5)
     assert fixed.speedup_vs_serial is None
+
+
+def test_compares_of_different_seeds_pool_into_one_summary(tmp_path: Path) -> None:
+    def arm(name: str, seed: int, test: float, wall: float) -> ArmResult:
+        curve = [CurvePoint(arm=name, step=0, harness_id="h0", val_score=0.25, train_score=None, wall_s=wall / 2,
+                            agent_executions=4, cached_executions=0, optimizer_calls=0, optimizer_tokens=0,
+                            accepted=False),
+                 CurvePoint(arm=name, step=1, harness_id=f"{name}{seed}", val_score=0.5, train_score=0.75,
+                            wall_s=wall, agent_executions=9, cached_executions=1, optimizer_calls=2,
+                            optimizer_tokens=300, accepted=True)]
+        return ArmResult(name, seed, train_wall_s=wall, test_acc=test, harness_id=f"{name}{seed}", curve=curve)
+
+    runs = [[arm("serial", 0, 0.5, 400.0), arm("ecdysis", 0, 0.75, 200.0)],
+            [arm("serial", 1, 0.25, 300.0), arm("ecdysis", 1, 0.5, 100.0)]]
+    for i, results in enumerate(runs):
+        add_ratios(results)
+        write_results(results, tmp_path / f"seed{i}")
+    pooled = pool_results([tmp_path / "seed0", tmp_path / "seed1" / "compare.json"])
+    assert [(r.arm, r.seed) for r in pooled] == [("serial", 0), ("ecdysis", 0), ("serial", 1), ("ecdysis", 1)]
+    assert [p.model_dump() for p in pooled[3].curve] == [p.model_dump() for p in runs[1][1].curve]
+    summary = {row["arm"]: row for row in summarize(pooled)}
+    assert summary["ecdysis"]["test_acc"] == pytest.approx(0.625) and summary["ecdysis"]["test_acc_n"] == 2
+    assert summary["ecdysis"]["speedup_vs_serial"] == pytest.approx(2.5)  # 400/200 and 300/100
+    # the seed evaluations (step 0 at half the wall time) taken off: (400-200)/(200-100) and (300-150)/(100-50)
+    assert [r.speedup_to_serial_acc_after_seed for r in pooled if r.arm == "ecdysis"] == [2.0, 3.0]
+    assert summary["ecdysis"]["test_acc_ci"] == pytest.approx(mean_ci([0.75, 0.5]).half_width)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="serial seed 0 is in both"):
+        pool_results([tmp_path / "seed0", tmp_path / "seed0"])
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not a compare result"):
+        pool_results([tmp_path / "bad.json"])
 
 
 def open_scripted(tmp_path: Path, roles: Roles) -> tuple[list[str], object]:

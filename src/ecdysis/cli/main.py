@@ -355,6 +355,26 @@ def compare(
                       "so their training wall times are flattered; compare agent executions instead.[/]")
 
 
+@app.command("compare-summary")
+def compare_summary(
+    results: Annotated[list[Path], typer.Argument(help="Compare run directories (or their compare.json).")],
+    out: Annotated[Path | None, typer.Option(help="Write the pooled compare.json/csv, summary, curves here.")] = None,
+) -> None:
+    """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI."""
+    from ..trainer.compare_results import pool_results, summary_table, write_results
+
+    try:
+        pooled = pool_results(results)
+    except ValueError as exc:
+        fail(str(exc))
+        return
+    views.compare_table(console, pooled)
+    console.print(summary_table(pooled))
+    if out is not None:
+        json_path, _ = write_results(pooled, out)
+        console.print(f"[dim]written {json_path} and the rest beside it[/]")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The `ecdysis` entry point. A user error exits 2 with its message; an internal error exits 1 with a
     one-line message, or its traceback when `--debug` is anywhere before `--` (or ECDYSIS_DEBUG=1)."""

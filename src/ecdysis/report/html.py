@@ -22,7 +22,7 @@ from .plots import all_plots
 
 COMPARE_COLUMNS = ("arm", "seed", "train_wall_s", "agent_executions", "optimizer_tokens", "accepted_edits",
                    "rejected_edits", "train_acc", "val_acc", "test_acc", "speedup_vs_serial", "time_to_final_s",
-                   "speedup_to_serial_acc", "test_gain_vs_fixed")
+                   "speedup_to_serial_acc", "speedup_to_serial_acc_after_seed", "test_gain_vs_fixed")
 
 
 def diff_lines(diff: str) -> list[tuple[str, str]]:

@@ -4,7 +4,9 @@ read off the training curves, mean ± 95% CI over seeds (Student t), and the CSV
 Times from curves (`records.CurvePoint`, wall time and agent executions are cumulative training costs):
 *time to the final harness* is the wall time of the first point whose harness is the arm's final one;
 *time to serial's accuracy* is the first point whose score (val; train where the run had no val split)
-reaches the final score of the serial arm of the same seed. Ratios are serial's number over the arm's.
+reaches the final score of the serial arm of the same seed. Ratios are serial's number over the arm's; the
+*after the seed eval* ratio takes each curve's step 0 (the seed's evaluation, the same work for every arm) off
+both times, leaving what the optimizers themselves spent.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from statistics import mean, stdev
 
@@ -53,6 +55,8 @@ class ArmResult:
     time_to_serial_acc_s: float | None = None  # None: never reached serial's final score
     executions_to_serial_acc: int | None = None
     speedup_to_serial_acc: float | None = None  # serial's time to its final score / this arm's time to it
+    # the same with each side's seed evaluation (the curve's step 0, which every arm pays alike) taken off
+    speedup_to_serial_acc_after_seed: float | None = None
     test_gain_vs_fixed: float | None = None  # relative: test / fixed test - 1
     test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
     test_gain_vs_serial: float | None = None
@@ -153,6 +157,9 @@ def add_ratios(results: list[ArmResult]) -> None:
             r.executions_to_serial_acc = reached.agent_executions if reached else None
             r.speedup_to_serial_acc = _ratio(serial_reached.wall_s if serial_reached else None,
                                              r.time_to_serial_acc_s)
+            if reached and serial_reached:
+                r.speedup_to_serial_acc_after_seed = _ratio(serial_reached.wall_s - serial.curve[0].wall_s,
+                                                            reached.wall_s - r.curve[0].wall_s)
         if serial and r.train_wall_s > 0 and r.arm in TRAINED:
             r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
             r.executions_ratio_vs_serial = serial.agent_executions / max(r.agent_executions, 1)
@@ -167,7 +174,8 @@ def add_ratios(results: list[ArmResult]) -> None:
 SUMMARY = (("test_acc", "test acc"), ("train_wall_s", "train wall s"), ("agent_executions", "agent executions"),
            ("optimizer_tokens", "optimizer tokens"), ("speedup_vs_serial", "speed-up vs serial"),
            ("time_to_final_s", "s to final harness"), ("time_to_serial_acc_s", "s to serial's final acc"),
-           ("speedup_to_serial_acc", "speed-up to serial's acc"))
+           ("speedup_to_serial_acc", "speed-up to serial's acc"),
+           ("speedup_to_serial_acc_after_seed", "the same, after the seed eval"))
 
 
 def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
@@ -226,6 +234,42 @@ def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path
     _csv(directory / "compare_summary.csv", summary, list(summary[0]) if summary else [])
     _csv(directory / "curves.csv", curve_rows(results), list(CURVE_FIELDS))
     return json_path, csv_path
+
+
+def read_results(path: Path) -> list[ArmResult]:
+    """The rows a compare wrote (a run directory, or its compare.json), each with its curve from the
+    curves.csv beside it when there is one. ValueError, naming the file, for a missing or malformed one."""
+    json_path = path / "compare.json" if path.is_dir() else path
+    try:
+        rows = json.loads(json_path.read_text())
+        names = {f.name for f in fields(ArmResult)}
+        results = [ArmResult(**{k: v for k, v in row.items() if k in names}) for row in rows]
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"{json_path}: not a compare result ({exc}); pass a compare run directory or its "
+                         "compare.json") from exc
+    curves_path = json_path.with_name("curves.csv")
+    if curves_path.exists():
+        with curves_path.open(newline="") as f:
+            points = list(csv.DictReader(f))
+        for r in results:
+            r.curve = [CurvePoint.model_validate({k: (v if v != "" else None) for k, v in p.items() if k != "seed"})
+                       for p in points if p["arm"] == r.arm and int(p["seed"]) == r.seed]
+    return results
+
+
+def pool_results(paths: list[Path]) -> list[ArmResult]:
+    """The rows of several compares (e.g. one seed per session) as one result set; ValueError when two give
+    the same arm and seed (pooling them would count one seed twice)."""
+    pooled: list[ArmResult] = []
+    seen: dict[tuple[str, int], Path] = {}
+    for path in paths:
+        for r in read_results(path):
+            if (r.arm, r.seed) in seen:
+                raise ValueError(f"{r.arm} seed {r.seed} is in both {seen[(r.arm, r.seed)]} and {path}; "
+                                 "pool compares of different seeds")
+            seen[(r.arm, r.seed)] = path
+            pooled.append(r)
+    return pooled
 
 
 def _csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> None:
