@@ -270,6 +270,13 @@ async def test_seeds_give_mean_and_ci_and_compare_writes_curves(tmp_path: Path) 
         assert [float(row["wall_s"]) for row in rows] == sorted(float(row["wall_s"]) for row in rows)
     store = RunStore(cfg.run.run_dir)
     assert {k for k, _ in store.records("compare", "curve")} >= {"ecdysis/seed0", "ecdysis/seed1", "gepa/seed1"}
+    # the run directory holds no compare.json (written elsewhere here, as by a killed compare): its store gives
+    # the finished seeds, rows and curves
+    stored = {(r.arm, r.seed): r for r in pool_results([cfg.run.run_dir])}
+    assert set(stored) == {(r.arm, r.seed) for r in results}
+    for r in results:
+        assert stored[(r.arm, r.seed)].test_acc == r.test_acc
+        assert [p.step for p in stored[(r.arm, r.seed)].curve] == [p.step for p in r.curve]
     assert training_spend  # the same accounting function best-of-k and gepa use
 
 

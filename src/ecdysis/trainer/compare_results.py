@@ -236,14 +236,38 @@ def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path
     return json_path, csv_path
 
 
+def _arm_result(row: dict[str, object]) -> ArmResult:
+    names = {f.name for f in fields(ArmResult)}
+    return ArmResult(**{k: v for k, v in row.items() if k in names})  # type: ignore[arg-type]
+
+
+def stored_results(run_dir: Path) -> list[ArmResult]:
+    """The seeds a compare finished, read from its run store (each seed's rows and curves are recorded as
+    soon as the seed ends, so a compare killed in a later seed still gives the earlier ones)."""
+    from ..store import RunStore
+
+    store = RunStore(run_dir)
+    try:
+        curves = dict(store.records("compare", "curve"))
+        results = []
+        for key, row in store.records("compare", "arm"):
+            result = _arm_result(row)
+            result.curve = [CurvePoint.model_validate(p) for p in curves.get(key, [])]
+            results.append(result)
+        return results
+    finally:
+        store.close()
+
+
 def read_results(path: Path) -> list[ArmResult]:
     """The rows a compare wrote (a run directory, or its compare.json), each with its curve from the
-    curves.csv beside it when there is one. ValueError, naming the file, for a missing or malformed one."""
+    curves.csv beside it when there is one; a run directory without compare.json (a compare still running,
+    or killed) gives the seeds its store holds. ValueError, naming the file, for a missing or malformed one."""
     json_path = path / "compare.json" if path.is_dir() else path
+    if path.is_dir() and not json_path.exists() and (path / "ecdysis.sqlite").exists():
+        return stored_results(path)
     try:
-        rows = json.loads(json_path.read_text())
-        names = {f.name for f in fields(ArmResult)}
-        results = [ArmResult(**{k: v for k, v in row.items() if k in names}) for row in rows]
+        results = [_arm_result(row) for row in json.loads(json_path.read_text())]
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"{json_path}: not a compare result ({exc}); pass a compare run directory or its "
                          "compare.json") from exc
