@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -351,6 +352,20 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     assert candidate.source == "library: add_examples" and second.candidate != first.candidate
     assert second.library_candidate == "add_examples"
     assert second.accepted and "examples.json" in ws.store.load_version(second.harness_after).files
+
+
+async def test_a_harness_already_rejected_is_never_validated_again(tmp_path: Path) -> None:
+    """Serial's roles write the same rule for every failure: the first edit's harness is rejected on val;
+    later edits build that same harness and are skipped as nothing new, without another val evaluation."""
+    ws = topic_ws(tmp_path, Roles(spec=CAREFUL_RULE))
+    result = await train_async(ws.config, "serial", ws=ws)
+    edits = [e for r in result.rounds for e in r.edits]
+    assert len(edits) >= 2 and not edits[0].accepted and "no strict gain" in edits[0].reason
+    assert all(e.reason.startswith("nothing new to try") and not e.accepted for e in edits[1:]), edits
+    with sqlite3.connect(ws.store.path) as db:
+        validated = db.execute("select count(*) from evaluations where harness_id = ? and split = 'val'",
+                               (edits[0].harness,)).fetchone()[0]
+    assert validated == 1
 
 
 async def test_an_h2_spec_whose_replay_changes_nothing_gives_the_round_to_the_library(tmp_path: Path) -> None:

@@ -249,7 +249,9 @@ class Engine(TrainContext):
         out = Outcome(tried=spec.summary() if spec else None,
                       library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
         if not versions:
-            out.reason = (f"no candidate passed the checks: {candidate.error}" if spec or candidate.error
+            out.reason = (f"nothing new to try: the candidate {candidate.harness} and its variants were already "
+                          "validated and rejected in this run" if candidate.harness
+                          else f"no candidate passed the checks: {candidate.error}" if spec or candidate.error
                           else spec_record.error or "no valid spec")
             return out
         out.variant, chosen, out.variant_scores = await self.pick(key, versions)
@@ -271,7 +273,9 @@ class Engine(TrainContext):
             stored = await self._build(key, ev, spec, source, self.proposer.patterns(self, ev, target))
             records.put(self.store, self.run_id, key, stored)
         versions = {WHOLE: self.store.load_version(stored.harness)} if stored.harness else {}
-        return stored, versions | {n: self.store.load_version(h) for n, h in stored.variants.items()}
+        versions |= {n: self.store.load_version(h) for n, h in stored.variants.items()}
+        rejected = self.rejected_candidates()  # a harness already decided is never picked or validated again
+        return stored, {n: v for n, v in versions.items() if v.id not in rejected}
 
     async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                      patterns: list[Pattern]) -> CandidateRecord:
@@ -305,7 +309,7 @@ class Engine(TrainContext):
             if not self.proposer.library_variants and not all(c in used.changes for c in variant_spec.changes):
                 continue  # a baseline validates only parts of its own spec
             sub = await build(variant_spec, "variants")
-            seen = {current.id, built.version.id, *record.variants.values()}
+            seen = {current.id, built.version.id, *record.variants.values(), *rejected}
             if sub.version is not None and sub.version.id not in seen:
                 self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} {name}")
                 record.variants[name] = sub.version.id
