@@ -193,6 +193,14 @@ def test_ratios_and_times_are_read_off_the_curves() -> None:
     assert slow.time_to_serial_acc_s is None and slow.speedup_to_serial_acc is None  # never reached 0.5
     assert ecdysis.test_gain_vs_fixed == pytest.approx(2.0) and ecdysis.test_gain_vs_serial == pytest.approx(0.5)
     assert fixed.speedup_vs_serial is None
+    # serial found nothing better than its seed: there is no accuracy of serial's to reach, no such ratio
+    flat = ArmResult("serial", 1, train_wall_s=400.0, harness_id="h0",
+                     curve=[pt("serial", 0, "h0", 0.25, 100, 10), pt("serial", 1, "h0", 0.25, 400, 30)])
+    other = ArmResult("ecdysis", 1, train_wall_s=300.0, harness_id="h0",
+                      curve=[pt("ecdysis", 0, "h0", 0.25, 50, 10), pt("ecdysis", 1, "h0", 0.25, 300, 20)])
+    add_ratios([flat, other])
+    assert other.time_to_serial_acc_s is None and other.speedup_to_serial_acc is None
+    assert other.speedup_to_serial_acc_after_seed is None and other.speedup_vs_serial == pytest.approx(4 / 3)
 
 
 def test_compares_of_different_seeds_pool_into_one_summary(tmp_path: Path) -> None:

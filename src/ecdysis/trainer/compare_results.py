@@ -4,9 +4,9 @@ read off the training curves, mean ± 95% CI over seeds (Student t), and the CSV
 Times from curves (`records.CurvePoint`, wall time and agent executions are cumulative training costs):
 *time to the final harness* is the wall time of the first point whose harness is the arm's final one;
 *time to serial's accuracy* is the first point whose score (val; train where the run had no val split)
-reaches the final score of the serial arm of the same seed. Ratios are serial's number over the arm's; the
-*after the seed eval* ratio takes each curve's step 0 (the seed's evaluation, the same work for every arm) off
-both times, leaving what the optimizers themselves spent.
+reaches the final score of the serial arm of the same seed (none when serial ended no higher than its seed).
+Ratios are serial's number over the arm's; the *after the seed eval* ratio takes each curve's step 0 (the
+seed's evaluation, the same work for every arm) off both times, leaving what the optimizers themselves spent.
 """
 
 from __future__ import annotations
@@ -140,18 +140,36 @@ def first_reaching(curve: list[CurvePoint], target: float) -> CurvePoint | None:
     return next((p for p in curve if (s := score(p)) is not None and s >= target - 1e-9), None)
 
 
+DERIVED = ("speedup_vs_serial", "executions_ratio_vs_serial", "time_to_final_s", "time_to_serial_acc_s",
+           "executions_to_serial_acc", "speedup_to_serial_acc", "speedup_to_serial_acc_after_seed",
+           "test_gain_vs_fixed", "test_delta_vs_fixed", "test_gain_vs_serial")
+
+
+def improved_score(curve: list[CurvePoint]) -> float | None:
+    """The final score of a curve that rose above its seed's (step 0), else None: when serial found nothing
+    better than the seed there is no accuracy of serial's to reach (every arm 'reaches' it at step 0, and the
+    ratio would compare seed evaluations)."""
+    if not curve or (final := score(curve[-1])) is None:
+        return None
+    start = score(curve[0])
+    return final if start is None or final > start + 1e-9 else None
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
 def add_ratios(results: list[ArmResult]) -> None:
-    """Per seed: ratios against `serial` (speed-up) and `fixed` (gain), and the curve-read times."""
+    """Per seed: ratios against `serial` (speed-up) and `fixed` (gain), and the curve-read times (any earlier
+    values are replaced: pooled rows are recomputed with the current definitions)."""
     for r in results:
+        for name in DERIVED:
+            setattr(r, name, None)
         peers = {p.arm: p for p in results if p.seed == r.seed}
         serial, fixed = peers.get("serial"), peers.get("fixed")
         if r.curve:
             r.time_to_final_s = time_to_harness(r.curve, r.harness_id)
-        if serial and serial.curve and r.curve and (target := score(serial.curve[-1])) is not None:
+        if serial and r.curve and (target := improved_score(serial.curve)) is not None:
             reached, serial_reached = first_reaching(r.curve, target), first_reaching(serial.curve, target)
             r.time_to_serial_acc_s = reached.wall_s if reached else None
             r.executions_to_serial_acc = reached.agent_executions if reached else None
@@ -282,8 +300,8 @@ def read_results(path: Path) -> list[ArmResult]:
 
 
 def pool_results(paths: list[Path]) -> list[ArmResult]:
-    """The rows of several compares (e.g. one seed per session) as one result set; ValueError when two give
-    the same arm and seed (pooling them would count one seed twice)."""
+    """The rows of several compares (e.g. one seed per session) as one result set, ratios recomputed per seed;
+    ValueError when two give the same arm and seed (pooling them would count one seed twice)."""
     pooled: list[ArmResult] = []
     seen: dict[tuple[str, int], Path] = {}
     for path in paths:
@@ -293,6 +311,7 @@ def pool_results(paths: list[Path]) -> list[ArmResult]:
                                  "pool compares of different seeds")
             seen[(r.arm, r.seed)] = path
             pooled.append(r)
+    add_ratios(pooled)
     return pooled
 
 
