@@ -229,9 +229,13 @@ def test_compares_of_different_seeds_pool_into_one_summary(tmp_path: Path) -> No
     assert summary["ecdysis"]["test_acc_ci"] == pytest.approx(mean_ci([0.75, 0.5]).half_width)  # type: ignore[union-attr]
     with pytest.raises(ValueError, match="serial seed 0 is in both"):
         pool_results([tmp_path / "seed0", tmp_path / "seed0"])
-    (tmp_path / "bad.json").write_text("{not json")
-    with pytest.raises(ValueError, match="bad.json: not a compare result"):
-        pool_results([tmp_path / "bad.json"])
+    for text in ("{not json", '{"arm": "serial"}'):
+        (tmp_path / "bad.json").write_text(text)
+        with pytest.raises(ValueError, match="bad.json: not a compare result"):
+            pool_results([tmp_path / "bad.json"])
+    RunStore(tmp_path / "train-run").close()  # a run directory whose store holds no compare
+    with pytest.raises(ValueError, match="holds no finished compare seed"):
+        pool_results([tmp_path / "train-run"])
 
 
 def open_scripted(tmp_path: Path, roles: Roles) -> tuple[list[str], object]:

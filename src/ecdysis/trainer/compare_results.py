@@ -283,9 +283,15 @@ def read_results(path: Path) -> list[ArmResult]:
     or killed) gives the seeds its store holds. ValueError, naming the file, for a missing or malformed one."""
     json_path = path / "compare.json" if path.is_dir() else path
     if path.is_dir() and not json_path.exists() and (path / "ecdysis.sqlite").exists():
-        return stored_results(path)
+        if not (results := stored_results(path)):
+            raise ValueError(f"{path}: its store holds no finished compare seed (a train run, or a compare "
+                             "killed in its first seed)")
+        return results
     try:
-        results = [_arm_result(row) for row in json.loads(json_path.read_text())]
+        rows = json.loads(json_path.read_text())
+        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+            raise ValueError("expected a list of rows, one per arm and seed")
+        results = [_arm_result(row) for row in rows]
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"{json_path}: not a compare result ({exc}); pass a compare run directory or its "
                          "compare.json") from exc
