@@ -6,9 +6,11 @@ from pathlib import Path
 
 from helpers import seed_with, sync_chat
 
-from ecdysis.agent.loop import run_episode
+from ecdysis.agent.loop import load_realize, run_episode
+from ecdysis.agent.realize import replay_item
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs import get_environment, make_episode
+from ecdysis.harness.repairs import parse_repairs
 from ecdysis.models import ScriptedModel
 
 
@@ -59,6 +61,41 @@ def test_multi_turn_sql_episode(tmp_path: Path, data_dir: Path) -> None:
     assert [e["tool"] for e in traj.of_kind("action")] == ["sql", "sql", "answer"]
     assert traj.of_kind("observation")[0]["text"].startswith("[(")
     assert env.grade(task, traj.final_answer, traj.final_state).passed
+
+
+def test_error_answer_sends_the_agent_back_to_fix_its_statement(tmp_path: Path, data_dir: Path) -> None:
+    """The DBBench failure the compares found: after a SQL error the agent answers with the error text. With
+    `error_answer` enabled that answer is rejected with the error as feedback and the agent fixes the query;
+    without it the episode ends on the error and fails."""
+    env = get_environment("dbbench", data_dir=data_dir)
+    task = next(t for t in env.tasks("train") if t.meta["type"] == "UPDATE")
+    replies = [
+        "Action: Operation\n```sql\nUPDATE `no such table` SET x = 1;\n```",
+        'Action: Answer\nFinal Answer: ["Error: no such table: no such table"]',
+        "Action: Operation\n```sql\n" + task.gold[0] + "\n```",
+        'Action: Answer\nFinal Answer: ["done"]',
+    ]
+    bare = run(seed_with("dbbench"), task, replies, tmp_path / "bare", "dbbench")
+    assert bare.final_answer == '["Error: no such table: no such table"]' and not bare.of_kind("rejection")
+    assert not env.grade(task, bare.final_answer, bare.final_state).passed
+
+    fixed = run(seed_with("dbbench", **{"repairs.json": '["error_answer"]'}), task, replies, tmp_path / "fixed",
+                "dbbench")
+    rejection = fixed.of_kind("rejection")
+    assert [e["rule"] for e in rejection] == ["error-answer"]
+    assert "no such table" in rejection[0]["feedback"] and "Fix the action" in rejection[0]["feedback"]
+    assert [e["tool"] for e in fixed.of_kind("action")] == ["sql", "sql", "answer"]
+    assert [e["name"] for e in fixed.of_kind("repair")] == ["error_answer"]
+    assert fixed.final_answer == '["done"]' and env.grade(task, fixed.final_answer, fixed.final_state).passed
+
+    # replay sees what the live loop saw: the stored episode's observations reach the candidate's H2
+    candidate = seed_with("dbbench", **{"repairs.json": '["error_answer"]'})
+    candidate.write(tmp_path / "candidate")
+    item = {"prompt": task.prompt, "replies": bare.reply_records(), "tools": bare.offered_tools(),
+            "observations": bare.observations_before_replies()}
+    assert item["observations"][0] == "" and item["observations"][1].startswith("Error: no such table")
+    replayed = replay_item(load_realize(candidate, tmp_path / "candidate"), parse_repairs('["error_answer"]'), item)
+    assert replayed[1] == {"reject": "error-answer"} and "actions" in replayed[0]
 
 
 def test_regulation_stops_a_loop(tmp_path: Path, data_dir: Path) -> None:

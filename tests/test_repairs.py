@@ -43,3 +43,19 @@ def test_generic_short_answer_repairs() -> None:
     assert CATALOG["last_line"].apply("a long last line that has far too many words to be a short answer", ()) is None
     assert CATALOG["last_line"].apply("No.", SQL) is None  # tool tasks need an explicit answer
     assert CATALOG["answer_phrase"].apply("So the answer is True.", ()) == Action("answer", "True")
+
+
+def test_error_answer_fires_only_on_an_answer_that_restates_the_last_error() -> None:
+    from ecdysis.harness.api import ActionContext, answer
+    from ecdysis.harness.repairs import error_answer, tool_error
+
+    error = 'Error: near "History": syntax error'
+    after_error = ActionContext((), 2, "q", last_observation=error)
+    rejected = error_answer(answer('["Error: near \\"History\\": syntax error"]'), after_error)
+    assert rejected is not None and rejected.rule == "error-answer" and error in rejected.feedback
+    assert error_answer(answer('near "History": syntax'), after_error) is not None  # most of the error's words
+    assert error_answer(answer("[42]"), after_error) is None  # a real answer after a failed attempt stands
+    assert error_answer(answer("Error: whatever"), ActionContext((), 2, "q", last_observation="[(42,)]")) is None
+    assert error_answer(answer("Error: x"), ActionContext((), 0, "q")) is None  # nothing ran yet
+    assert tool_error("Traceback (most recent call last):\n  ...") == "Traceback (most recent call last):"
+    assert tool_error("[('error', 3)]") is None  # a result that merely contains the word

@@ -215,3 +215,40 @@ def test_scripted_file_plays_replies_and_calls_in_order_per_episode(tmp_path: Pa
     assert first.tool_calls[0].name == "get_weather" and json.loads(first.tool_calls[0].arguments) == {"city": "Oslo"}
     assert second.text == third.text == "It is sunny." and not second.tool_calls
     assert ask("b").tool_calls  # another episode starts from the top
+
+
+def test_error_answer_is_measured_on_episodes_that_answered_with_the_sql_error(tmp_path: Path, data_dir: Path) -> None:
+    """DBBench, the failure the compares found: the agent runs a broken statement and answers with the error. The
+    sandboxed replay gives the candidate's H2 the observations the episode saw, so `error_answer` shows as
+    changing exactly those failing episodes (the re-run diverges: the agent's next reply is unknown), and no other
+    repair touches them."""
+    cfg = load_config(None, ['env.name="dbbench"', f'env.data_dir="{data_dir}"', 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', "run.progress=false",
+                             f'cache.path="{tmp_path / "c.sqlite"}"'])
+    ws = Workspace.open(cfg)
+    tasks = ws.tasks("train", 4)
+    gives_up = {t.id for t in tasks[:2]}
+    by_prompt = {t.prompt: t for t in tasks}
+
+    def respond(messages: list[Message]) -> str:
+        first = next(m.content for m in messages if m.role == "user")
+        task = next(t for prompt, t in by_prompt.items() if prompt in first)
+        seen = [m.content for m in messages if m.role == "user" and m.content.startswith("Error")]
+        if task.id in gives_up:
+            if seen:
+                return f'Action: Answer\nFinal Answer: ["{seen[-1].splitlines()[0]}"]'
+            return "Action: Operation\n```sql\nSELECT nothing FROM `no such table`;\n```"
+        return 'Action: Answer\nFinal Answer: ["0"]'
+
+    ws.backends["agent|scripted:agent"] = ScriptedModel(respond, name="gives-up")
+    runner = ws.runner(ws.store.start_run("eval", {}, run_id="e"))
+    harness = ws.harness()
+    summary = asyncio.run(runner.evaluate(harness, tasks, 1, "train", "train"))
+    trajectories = ws.store.trajectories(summary.eval_id)
+    assert {t.task_id for t in trajectories if t.final_answer and "Error: " in t.final_answer} == gives_up
+    measured = asyncio.run(measure_repairs(harness, trajectories, ws.env, {t.id: t for t in tasks}, runner.limits,
+                                           rerun=runner_rerun(runner)))
+    m = {x.repairs[0]: x for x in measured if len(x.repairs) == 1}
+    assert not m["error_answer"].error and set(m["error_answer"].changed) == gives_up
+    assert not m["error_answer"].lost and not m["error_answer"].changed_passing
+    assert all(not (set(x.changed) | set(x.gained)) & gives_up for name, x in m.items() if name != "error_answer")

@@ -204,7 +204,8 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     try:
         for turn in range(m.budget.max_turns):
             session.turn = turn
-            ctx = ActionContext(tools, turn, task["prompt"], conversational, choices)
+            ctx = ActionContext(tools, turn, task["prompt"], conversational, choices,
+                                history[-1][1] if history else "")
             reply = session.chat(list(messages))
             realized = realize_message(realize, repairs, reply, ctx)
             if gen.samples > 1 and realized.reject is None and any(a.is_answer for a in realized.actions):

@@ -57,8 +57,8 @@ def realize_message(realize: RealizeFn, repairs: list[Repair], reply: Reply, ctx
     if turn_fix:
         out.repairs.append(turn_fix)
     for action in actions:
-        if action.is_answer and ctx.choices:
-            fixed_answer, name = repair_answer(repairs, action, ctx.choices)
+        if action.is_answer:
+            fixed_answer, name = repair_answer(repairs, action, ctx)
             if name:
                 out.repairs.append(name)
             if isinstance(fixed_answer, Reject):
@@ -75,15 +75,18 @@ def realize_message(realize: RealizeFn, repairs: list[Repair], reply: Reply, ctx
 
 
 def replay_item(realize: RealizeFn, repairs: list[Repair], item: dict[str, Any]) -> list[dict[str, Any]]:
-    """Re-realize one stored episode's replies (`item`: prompt, replies, tools, conversational, choices) with a
-    candidate's H2, without model calls: per reply {"reject": rule} or {"actions": [...], "repairs": [...]}."""
+    """Re-realize one stored episode's replies (`item`: prompt, replies, tools, conversational, choices and the
+    observation before each reply) with a candidate's H2, without model calls: per reply {"reject": rule} or
+    {"actions": [...], "repairs": [...]}."""
     from ..harness.api import ToolSpec
 
     tools = tuple(ToolSpec.from_record(t) for t in item["tools"])
     choices = tuple(str(c) for c in item.get("choices") or ())
+    observations = list(item.get("observations") or [])
     out: list[dict[str, Any]] = []
     for turn, reply in enumerate(item["replies"]):
-        ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")), choices)
+        seen = observations[turn] if turn < len(observations) else ""
+        ctx = ActionContext(tools, turn, item["prompt"], bool(item.get("conversational")), choices, seen)
         realized = realize_message(realize, repairs, as_reply(reply), ctx)
         if realized.reject is not None:
             out.append({"reject": realized.reject.rule})

@@ -63,6 +63,17 @@ class Trajectory:
         return [{"text": e["reply"], "tool_calls": e.get("tool_calls") or []}
                 for e in self.events if e["kind"] == "model" and not e.get("unchosen")]
 
+    def observations_before_replies(self) -> list[str]:
+        """For each reply of `reply_records`, the environment's last observation before it ("" before any):
+        what `ActionContext.last_observation` held when the reply was realized."""
+        out, last = [], ""
+        for e in self.events:
+            if e["kind"] == "observation":
+                last = str(e.get("text", ""))
+            elif e["kind"] == "model" and not e.get("unchosen"):
+                out.append(last)
+        return out
+
     def offered_tools(self) -> list[dict[str, Any] | str]:
         """The tools the episode offered, as recorded (with schemas); for trajectories recorded before
         tools were stored, the names of the tools it called."""

@@ -132,6 +132,7 @@ class ActionContext:
     task_prompt: str
     conversational: bool = False  # a user is on the other side: text without a call goes to the user
     choices: tuple[str, ...] = ()  # the task's finite answer set, when its environment declares one
+    last_observation: str = ""  # what the environment returned for the previous action ("" before any)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from . import tool_calls
-from .api import Action, Reject, Reply, ToolSpec, answer
+from .api import Action, ActionContext, Reject, Reply, ToolSpec, answer
 
 REPAIRS_FILE = "repairs.json"
 NUMBER = r"-?\$?\s*[\d,]*\.?\d+"
@@ -116,6 +116,32 @@ def answer_set(action: Action, choices: tuple[str, ...]) -> Action | Reject | No
                   f"Reply with exactly one of: {allowed}.", rule="answer-set")
 
 
+_ERROR = re.compile(r"^[\s*`]*(?:error|exception|traceback|failed|invalid)\b", re.IGNORECASE)
+_WORD = re.compile(r"[a-z0-9_]+")
+
+
+def tool_error(observation: str) -> str | None:
+    """The first line of an observation that reports a failed action (it starts with 'Error', 'Exception',
+    'Traceback', 'Failed' or 'Invalid'), else None."""
+    line = observation.strip().splitlines()[0] if observation.strip() else ""
+    return line[:200] if _ERROR.match(line) else None
+
+
+def error_answer(action: Action, ctx: ActionContext) -> Reject | None:
+    """`error_answer`: a final answer that restates the error the previous action returned (the agent gave up
+    and reported the failure as the answer) is rejected with the error as feedback, so the agent fixes the
+    action and runs it again. It fires only when the previous observation is an error and the answer either
+    names an error or repeats most of that error's words."""
+    if not action.is_answer or not (error := tool_error(ctx.last_observation)):
+        return None
+    said = set(_WORD.findall(action.input.lower()))
+    words = set(_WORD.findall(error.lower()))
+    if not said or not ({"error", "exception", "traceback"} & said or len(said & words) >= 0.6 * len(said)):
+        return None
+    return Reject(f"Your last action failed: {error}\nThat error is not the answer. Fix the action and run it "
+                  "again, then give the final answer from its result.", rule="error-answer")
+
+
 Stage = Literal["reply", "message", "call", "turn", "answer"]
 
 
@@ -127,7 +153,7 @@ class Repair:
     message before `realize`: (Reply, tools) -> Reply | None (e.g. calls written in the text)
     call    on one action that failed validation: (Action, tools) -> Action | None
     turn    on the actions of one message: (actions) -> actions | None
-    answer  on a final answer, when the task declares its answer set: (Action, choices) -> Action | Reject | None
+    answer  on a final answer: (Action, ActionContext) -> Action | Reject | None
     """
 
     name: str
@@ -154,7 +180,10 @@ CATALOG: dict[str, Repair] = {
         Repair("one_call_per_turn", "several tool calls in one message: run only the first",
                tool_calls.one_call_per_turn, "turn"),
         Repair("answer_set", "tasks with a declared answer set (labels, options): an answer outside it is mapped "
-               "to the allowed answer it names, or rejected with the allowed answers", answer_set, "answer"),
+               "to the allowed answer it names, or rejected with the allowed answers",
+               lambda action, ctx: answer_set(action, ctx.choices), "answer"),
+        Repair("error_answer", "tool tasks: a final answer that restates the error the last action returned is "
+               "rejected with that error as feedback (fix the action and run it again)", error_answer, "answer"),
     )
 }
 
@@ -208,9 +237,9 @@ def repair_turn(repairs: list[Repair], actions: list[Action]) -> tuple[list[Acti
 
 
 def repair_answer(repairs: list[Repair], action: Action,
-                  choices: tuple[str, ...]) -> tuple[Action | Reject, str | None]:
+                  ctx: ActionContext) -> tuple[Action | Reject, str | None]:
     """Answer-stage repairs on a final answer: the first that maps or rejects it wins."""
     for repair in repairs:
-        if repair.stage == "answer" and (fixed := repair.apply(action, choices)) is not None:
+        if repair.stage == "answer" and (fixed := repair.apply(action, ctx)) is not None:
             return fixed, repair.name
     return action, None

@@ -128,6 +128,7 @@ def check_leaks(old: HarnessVersion, new: HarnessVersion, train_tasks: list[Task
 
 def _replay_items(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]]:
     return [{"prompt": tasks[t.task_id].prompt, "replies": t.reply_records(), "tools": t.offered_tools(),
+             "observations": t.observations_before_replies(),
              "conversational": tasks[t.task_id].user_scenario is not None,
              "choices": list(tasks[t.task_id].public.get("choices") or [])} for t in trajectories]
 

@@ -118,7 +118,9 @@ TOOL_LEVERS: dict[str, tuple[str, ...]] = {  # every tool-call failure leads som
                      "add_demo: a demonstration of a native call from a passing training task"),
     "repeated_call": ("H4 regulation: flag a repeated identical call and ask for a different step",
                       "H3 rule: use a call's result instead of repeating the call"),
-    "tool_error": ("H3 rule or H5 skill about the tool's preconditions named in the error texts",),
+    "tool_error": ("enable_repair error_answer (see MEASURED: an answer that restates the tool's error is sent "
+                   "back with the error)", "H3 rule or H5 skill about the tool's preconditions named in the error "
+                   "texts"),
 }
 
 
@@ -222,7 +224,8 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
     if majority(sum(r.facts["truncated"] for r in records)):
         levers.append("set_max_tokens up, or an H3 rule asking for brevity")
     if majority(sum(r.facts["tool_errors"] > 0 for r in records)):
-        levers.append("H3 rule or H5 skill about the tool's syntax or preconditions named in the error texts")
+        levers.append("H3 rule or H5 skill about the tool's syntax or preconditions named in the error texts; "
+                      "enable_repair error_answer when the answers restate the error")
     tool_kinds = Counter(tool_failure(r.facts) for r in records)
     if majority(sum(r.termination in ("stopped", "max_turns") for r in records)) and not any(
             k for k in tool_kinds if k):
