@@ -252,3 +252,29 @@ def test_error_answer_is_measured_on_episodes_that_answered_with_the_sql_error(t
     assert not m["error_answer"].error and set(m["error_answer"].changed) == gives_up
     assert not m["error_answer"].lost and not m["error_answer"].changed_passing
     assert all(not (set(x.changed) | set(x.gained)) & gives_up for name, x in m.items() if name != "error_answer")
+
+
+def test_a_lever_changing_only_failing_episodes_of_every_pattern_skips_the_debate_when_switched_on() -> None:
+    from ecdysis.trainer.proposers.analyst import covering_lever, lever_spec
+
+    def lever(name: str, gained: int = 0, changed: int = 0, passing: int = 0, lost: int = 0) -> dict:
+        return {"lever": f"enable_repair {name}", "repairs": [name], "gained": gained, "lost": lost,
+                "rescued_replies": 0, "changed_failing": changed, "changed_passing": passing, "model_calls": 0}
+
+    def pattern(pid: str, *levers: dict) -> Pattern:
+        return Pattern(pid, "answered with the tool's error", ["tool_error"], [f"{pid}-t1", f"{pid}-t2"], 2, "H2",
+                       "recurring", "", {"measured_levers": list(levers)}, [])
+
+    both = [pattern("P1", lever("error_answer", changed=2)), pattern("P2", lever("error_answer", changed=1))]
+    assert covering_lever(both) is None  # the default: only a lever that gains tasks skips the debate
+    chosen = covering_lever(both, changed=True)
+    assert chosen is not None and chosen["lever"] == "enable_repair error_answer"
+    spec = lever_spec(both, chosen)
+    assert spec is not None and [c.repair for c in spec.changes] == ["error_answer"]
+    assert "2 failing episode(s) changed, no passing one" in spec.changes[0].rationale
+    touches_passing = [pattern("P1", lever("error_answer", changed=2, passing=1))]
+    assert covering_lever(touches_passing, changed=True) is None  # it may lose a passing task: the roles decide
+    one_only = [pattern("P1", lever("error_answer", changed=2)), pattern("P2", lever("coerce_types", changed=1))]
+    assert covering_lever(one_only, changed=True) is None  # no single lever acts on every recurring pattern
+    gaining = [pattern("P1", lever("error_answer", changed=2), lever("bare_sql", gained=1))]
+    assert covering_lever(gaining, changed=True)["lever"] == "enable_repair bare_sql"  # a measured gain first

@@ -112,6 +112,7 @@ class TrainEngine(BaseModel):
     """`[train.engine]`: switches of the training engine (see trainer/engine.py for what each does)."""
 
     skip_debate_when_verified: bool = True  # one verified zero-loss lever covers every recurring pattern
+    skip_debate_when_measured: bool = False  # ... or one lever changes only failing episodes of every one
     early_stop: bool = True  # stop a validation once its rejection is certain (strict / tolerance rules)
     eval_batch: int = 0  # tasks per validation batch when early stopping; 0: 4 x run.concurrency
     screen_batch: int = 0  # > 0: candidates are screened on this many training tasks first (halving)

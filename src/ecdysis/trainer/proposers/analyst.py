@@ -4,11 +4,16 @@ Both read the round's recurring patterns with their measured levers. With
 `train.engine.skip_debate_when_verified`, a round whose recurring patterns are all covered by one measured
 lever that gains tasks and loses none gets that lever as its spec without any role call: the roles could
 only add unmeasured edits next to it (and `with_verified_levers` would add the lever to their spec anyway).
-When an earlier round validated that same spec and rejected it, the round goes to the roles.
+With `train.engine.skip_debate_when_measured` as well, a lever whose replay changes failing episodes in
+every recurring pattern and touches no passing one (tool and multi-turn episodes replay cannot grade to the
+end: `error_answer`, `coerce_types` on a multi-turn task) is tried the same way when no gaining lever covers
+them; validation decides. When an earlier round validated that same spec and rejected it, the round goes to
+the roles.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..failures import Pattern
@@ -21,16 +26,25 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 
-def covering_lever(patterns: list[Pattern]) -> dict[str, object] | None:
+def covering_lever(patterns: list[Pattern], changed: bool = False) -> dict[str, object] | None:
     """One measured zero-loss lever that gains tasks in every recurring pattern, if any (the first such,
-    in the first pattern's order: best gain first)."""
+    in the first pattern's order: best gain first). `changed`: else one that changes failing episodes of
+    every recurring pattern and no passing episode (its outcome needs agent runs: validation decides)."""
     recurring = [p for p in patterns if p.classification == "recurring"]
     if not recurring:
         return None
 
-    def ok(m: dict[str, object]) -> bool:
+    def gains(m: dict[str, object]) -> bool:
         return bool(m["gained"]) and m["lost"] == 0
 
+    def acts(m: dict[str, object]) -> bool:
+        return gains(m) or (changed and bool(m.get("changed_failing")) and m["lost"] == 0
+                            and not m.get("changed_passing"))
+
+    return _covering(recurring, gains) or (_covering(recurring, acts) if changed else None)
+
+
+def _covering(recurring: list[Pattern], ok: Callable[[dict[str, object]], bool]) -> dict[str, object] | None:
     for lever in (m for m in recurring[0].facts.get("measured_levers", []) if ok(m)):
         if all(any(m["lever"] == lever["lever"] and ok(m) for m in p.facts.get("measured_levers", []))
                for p in recurring[1:]):
@@ -44,11 +58,13 @@ def lever_spec(patterns: list[Pattern], lever: dict[str, object]) -> HarnessSpec
     if len(names) > max_items("changes"):
         return None
     ids = [p.id for p in patterns if p.classification == "recurring"]
+    effect = (f"+{lever['gained']} task(s), 0 lost" if lever["gained"] else
+              f"{lever.get('changed_failing', 0)} failing episode(s) changed, no passing one")
     changes = [Change(layer="H2", kind="enable_repair", repair=n, text="",
-                      rationale=f"{', '.join(ids)}: measured on the stored replies (+{lever['gained']} task(s), "
-                                "0 lost); written by the library, no debate") for n in names]
+                      rationale=f"{', '.join(ids)}: measured on the stored replies ({effect}); written by the "
+                                "library, no debate") for n in names]
     return HarnessSpec(patterns_addressed=ids, changes=changes, skills=[],
-                       implementation_notes="verified lever covering every recurring pattern",
+                       implementation_notes="measured lever covering every recurring pattern",
                        expected_effect=f"the measured gain of {lever['lever']}")
 
 
@@ -58,7 +74,8 @@ class AnalystProposer(Proposer):
 
     async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:
         cfg = engine.cfg
-        if cfg.train.engine.skip_debate_when_verified and (lever := covering_lever(evidence.patterns)):
+        e = cfg.train.engine
+        if e.skip_debate_when_verified and (lever := covering_lever(evidence.patterns, e.skip_debate_when_measured)):
             spec = lever_spec(evidence.patterns, lever)
             # a lever an earlier round already validated and rejected goes to the roles instead of repeating
             if spec is not None and spec.summary() not in engine.rejected_specs(evidence.round):
