@@ -123,8 +123,8 @@ _WORD = re.compile(r"[a-z0-9_]+")
 def tool_error(observation: str) -> str | None:
     """The first line of an observation that reports a failed action (it starts with 'Error', 'Exception',
     'Traceback', 'Failed' or 'Invalid'), else None."""
-    line = observation.strip().splitlines()[0] if observation.strip() else ""
-    return line[:200] if _ERROR.match(line) else None
+    lines = observation.strip().splitlines()
+    return lines[0][:200] if lines and _ERROR.match(lines[0]) else None
 
 
 def error_answer(action: Action, ctx: ActionContext) -> Reject | None:

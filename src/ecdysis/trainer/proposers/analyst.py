@@ -38,8 +38,7 @@ def covering_lever(patterns: list[Pattern], changed: bool = False) -> dict[str, 
         return bool(m["gained"]) and m["lost"] == 0
 
     def acts(m: dict[str, object]) -> bool:
-        return gains(m) or (changed and bool(m.get("changed_failing")) and m["lost"] == 0
-                            and not m.get("changed_passing"))
+        return gains(m) or (bool(m.get("changed_failing")) and m["lost"] == 0 and not m.get("changed_passing"))
 
     return _covering(recurring, gains) or (_covering(recurring, acts) if changed else None)
 
