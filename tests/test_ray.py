@@ -126,9 +126,10 @@ async def test_killed_worker_is_retried_then_recorded_as_infrastructure_failure(
     ws.close()
 
 
-def zygote_below(pid: int) -> int | None:
-    """The pid of the first zygote (its bubblewrap process) among `pid`'s descendants."""
-    queue = [pid]
+def zygotes_below(pid: int) -> list[int]:
+    """The pids of every zygote (its bubblewrap process) among `pid`'s descendants: the one serving the
+    episode in flight, and any started ahead for the next evaluation (which one serves is a race)."""
+    found, queue = [], [pid]
     while queue:
         current = queue.pop(0)
         try:
@@ -138,20 +139,23 @@ def zygote_below(pid: int) -> int | None:
         except OSError:
             continue
         if current != pid and b"ecdysis.sandbox.zygote" in cmdline:
-            return current
+            found.append(current)  # its own descendants are the zygote's interpreter and episodes
+            continue
         queue.extend(int(c) for c in children)
-    return None
+    return found
 
 
 class ZygoteKiller(Killer):
-    """Kills the zygote that forked the episode in the Ray actor (the actor lives: it returns `infra_error`)."""
+    """Kills the zygotes of the Ray actor running the episode, the one that forked it among them (the actor
+    lives: it returns `infra_error`)."""
 
     def __call__(self, messages: list[Message]) -> str:
         if f"Add {self.victim} " in messages[-1].content and self.kills < self.times:
             (actor,) = self.ws.executor.busy
-            zygote = zygote_below(ray.get(actor.pid.remote()))
-            assert zygote is not None, "the actor's episode was not forked from a zygote"
-            os.killpg(zygote, signal.SIGKILL)
+            zygotes = zygotes_below(ray.get(actor.pid.remote()))
+            assert zygotes, "the actor's episode was not forked from a zygote"
+            for zygote in zygotes:
+                os.killpg(zygote, signal.SIGKILL)
             self.kills += 1
         return answer(messages)
 
