@@ -13,7 +13,7 @@ import pytest
 from helpers import Roles, add_answer, make_ws
 
 from ecdysis.models import Message, ScriptedModel
-from ecdysis.report.data import compare_curves, load_run, trajectory_anchor
+from ecdysis.report.data import EvalRow, RunView, compare_curves, load_run, summary_card, trajectory_anchor
 from ecdysis.report.html import render_report
 from ecdysis.store import RunStore
 from ecdysis.trainer import train_async
@@ -101,3 +101,17 @@ def test_report_of_an_eval_run_is_refused_clearly(tmp_path: Path) -> None:
     run_id = store.start_run("eval", {"env": {"name": "jsonl"}})
     with pytest.raises(ValueError, match="is a eval run; reports cover training runs"):
         render_report(store, run_id)
+
+
+def test_a_split_validated_in_batches_counts_every_task_it_scored() -> None:
+    def row(eval_id: str, split: str, tasks: list[str]) -> EvalRow:
+        return EvalRow(id=eval_id, label=split, split=split, harness_id="h", n_tasks=len(tasks), trials=1,
+                       episodes=len(tasks), accuracy=0.0, tokens=0, wall_s=0.0, terminations={},
+                       passed=frozenset(), scores=dict.fromkeys(tasks, 0.0))
+
+    view = RunView(run_id="r", kind="train", status="finished", config={}, summary={})
+    view.evaluations = [row("e1", "train", ["t1", "t2", "t3"]), row("e2", "val", ["v1", "v2"]),
+                        row("e3", "val", ["v3", "v4"]),  # the same validation's second batch
+                        row("e4", "val", ["v1", "v2"])]  # a candidate's first batch: the same tasks again
+    assert view.split_sizes() == {"train": 3, "val": 4}
+    assert dict(summary_card(view))["splits (tasks)"] == "train 3 / val 4"

@@ -108,9 +108,13 @@ class RunView:
         return out
 
     def split_sizes(self) -> dict[str, int]:
+        """Tasks per split: the distinct tasks its evaluations scored (an early-stopped validation runs in
+        batches, each an evaluation of a few tasks), at least the largest evaluation's planned size."""
+        tasks: dict[str, set[str]] = {}
         sizes: dict[str, int] = {}
         for e in self.evaluations:
-            sizes[e.split] = max(sizes.get(e.split, 0), e.n_tasks)
+            tasks.setdefault(e.split, set()).update(e.scores)
+            sizes[e.split] = max(sizes.get(e.split, 0), e.n_tasks, len(tasks[e.split]))
         return sizes
 
     def cost(self) -> dict[str, float]:
