@@ -1,8 +1,10 @@
 """A harness is a directory with `harness.toml`; its version id is the hash of its files.
 
 Versions are plain file maps, so they can be stored in the run database, diffed, restored and
-shipped. `load_harness` validates the manifest and compiles every Python layer (syntax errors
-are reported with file and line) without importing anything.
+shipped. `load_harness` reads the folder with `files.read_tree` (regular files inside it only: no
+links, devices or FIFOs), validates the manifest and compiles every Python layer (syntax errors
+are reported with file and line) without importing anything. Every file path of a version, and
+every path the manifest names, stays inside the harness folder.
 """
 
 from __future__ import annotations
@@ -17,15 +19,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from .files import HarnessError, HarnessFileError, TreeLimits, check_relative, read_tree, write_tree
 from .repairs import REPAIRS_FILE, parse_repairs
+
+__all__ = ["HarnessError", "HarnessFileError", "HarnessVersion", "Manifest", "load_harness", "version_from_files"]
 
 MANIFEST = "harness.toml"
 LAYER_FILES = ("contract", "skills", "demos", "examples", "action", "regulate", "loop")
-MAX_FILE_BYTES = 256_000
-
-
-class HarnessError(ValueError):
-    """The harness directory is unusable; the message names the file (and line) and the fix."""
+MAX_FILE_BYTES = TreeLimits().max_file_bytes
 
 
 class Generation(BaseModel):
@@ -90,13 +91,9 @@ class HarnessVersion:
         return None if rel is None else self.files.get(rel)
 
     def write(self, directory: Path) -> Path:
-        """Materialise into `directory` (which must be empty or absent)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        for rel, text in self.files.items():
-            target = directory / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        return directory
+        """Materialise into `directory` (best empty or absent): nothing is written outside it or through a
+        link already there (HarnessFileError)."""
+        return write_tree(self.files, directory)
 
     def with_files(self, changes: dict[str, str]) -> HarnessVersion:
         files = dict(self.files)
@@ -120,9 +117,13 @@ def parse_manifest(text: str, origin: str) -> Manifest:
     except tomllib.TOMLDecodeError as exc:
         raise HarnessError(f"{origin}/{MANIFEST}: invalid TOML: {exc}") from exc
     try:
-        return Manifest.model_validate(data)
+        manifest = Manifest.model_validate(data)
     except ValidationError as exc:
         raise HarnessError(f"{origin}/{MANIFEST}: {exc}") from exc
+    for layer in LAYER_FILES:  # a layer path never leaves the harness folder
+        if (rel := getattr(manifest.files, layer)) is not None:
+            check_relative(rel, f"{origin}/{MANIFEST}", f"files.{layer}")
+    return manifest
 
 
 def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
@@ -180,6 +181,9 @@ def set_manifest_value(text: str, section: str, key: str, value: int | float | s
 
 
 def version_from_files(files: dict[str, str], origin: str) -> HarnessVersion:
+    """A checked version: every path inside the folder, a manifest, layer files that parse. Raises HarnessError."""
+    for rel in files:
+        check_relative(rel, origin)
     if MANIFEST not in files:
         raise HarnessError(
             f"{origin}: no {MANIFEST}; a harness directory needs a manifest "
@@ -190,23 +194,10 @@ def version_from_files(files: dict[str, str], origin: str) -> HarnessVersion:
     return HarnessVersion(files=dict(files), manifest=manifest)
 
 
-def load_harness(directory: Path | str) -> HarnessVersion:
-    """Read and validate a harness directory (text files only, hidden files and caches skipped)."""
-    root = Path(directory)
-    if not root.is_dir():
-        raise HarnessError(f"{root}: harness directory does not exist")
-    files: dict[str, str] = {}
-    for path in sorted(root.rglob("*")):
-        rel = path.relative_to(root).as_posix()
-        if path.is_dir() or any(part.startswith(".") or part == "__pycache__" for part in rel.split("/")):
-            continue
-        if path.stat().st_size > MAX_FILE_BYTES:
-            raise HarnessError(f"{path}: larger than {MAX_FILE_BYTES} bytes; harness files are short text")
-        try:
-            files[rel] = path.read_text()
-        except UnicodeDecodeError as exc:
-            raise HarnessError(f"{path}: not UTF-8 text") from exc
-    return version_from_files(files, str(root))
+def load_harness(directory: Path | str, skip: frozenset[str] = frozenset()) -> HarnessVersion:
+    """Read and validate a harness directory: its regular text files (hidden files, caches and the top-level
+    names in `skip` left unread); a link, device, FIFO or oversized file raises HarnessFileError naming it."""
+    return version_from_files(read_tree(directory, skip), str(directory))
 
 
 def diff_versions(old: HarnessVersion, new: HarnessVersion) -> str:

@@ -19,7 +19,9 @@ that fails to load (here or in its sandbox) raises `HarnessError` naming the fil
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,22 +75,24 @@ class Outcome:
         return not self.reject_rule and not self.invalid
 
 
-def _load_module(path: Path, name: str) -> ModuleType:
-    """The agent loop's module loader, its failures as a HarnessError naming the file."""
+def _load_module(path: Path, name: str, shown: Path) -> ModuleType:
+    """The agent loop's module loader, its failures as a HarnessError naming the file (`shown`)."""
     try:
         return load_module(path, name)
     except Exception as exc:
-        raise HarnessError(f"{path}: failed to import: {exc.__class__.__name__}: {exc}") from exc
+        raise HarnessError(f"{shown}: failed to import: {exc.__class__.__name__}: {exc}") from exc
 
 
-def _layer_function(harness: HarnessVersion, root: Path, layer: str, function: str) -> Callable[..., Any] | None:
+def _layer_function(harness: HarnessVersion, code_root: Path, shown_root: Path, layer: str,
+                    function: str) -> Callable[..., Any] | None:
+    """The layer's function imported from `code_root` (errors name the file under `shown_root`)."""
     rel = getattr(harness.manifest.files, layer)
     if not rel:
         return None
-    module = _load_module(root / rel, f"ecdysis_served_{layer}_{harness.id}")
+    module = _load_module(code_root / rel, f"ecdysis_served_{layer}_{harness.id}", shown_root / rel)
     fn = getattr(module, function, None)
     if not callable(fn):
-        raise HarnessError(f"{root / rel}: must define {function}() (the {layer} layer interface)")
+        raise HarnessError(f"{shown_root / rel}: must define {function}() (the {layer} layer interface)")
     return fn
 
 
@@ -103,6 +107,7 @@ class ServedHarness:
             raise HarnessError(f"{self.root}: a free-form harness drives its own loop; `serve` applies layered "
                                "harnesses only (mode = 'layered')")
         self.sandbox: SandboxedLayers | None = None
+        self._code_root: Path | None = None  # in-process: the private copy the layers were imported from
         self._realize: Callable[..., Any] | None = native_realize
         self._regulate: Callable[..., Any] | None = None
         self.has_action, self.has_regulate = bool(m.files.action), bool(m.files.regulate)
@@ -113,12 +118,21 @@ class ServedHarness:
                 raise HarnessError(f"{self.root}: {exc}") from exc
             self.sandbox = SandboxedLayers(self.version.files)
             self._realize = None if self.has_action else native_realize
+        elif self.has_action or self.has_regulate:
+            self.isolation = "in-process"
+            # the code imported is the version checked and hashed above (a private copy), never the folder again
+            self._code_root = self.version.write(Path(tempfile.mkdtemp(prefix="ecdysis-serve-code-")))
+            if str(self._code_root) not in sys.path:  # harness modules may import their siblings, as in the sandbox
+                sys.path.insert(0, str(self._code_root))
+            try:
+                self._realize = _layer_function(self.version, self._code_root, self.root, "action",
+                                                "realize") or native_realize
+                self._regulate = _layer_function(self.version, self._code_root, self.root, "regulate", "regulate")
+            except HarnessError:
+                self._remove_code()
+                raise
         else:
-            self.isolation = "in-process" if (self.has_action or self.has_regulate) else "no harness code"
-            if str(self.root) not in sys.path:  # harness modules may import their siblings, as in the sandbox
-                sys.path.insert(0, str(self.root))
-            self._realize = _layer_function(self.version, self.root, "action", "realize") or native_realize
-            self._regulate = _layer_function(self.version, self.root, "regulate", "regulate")
+            self.isolation = "no harness code"
         self.repairs = parse_repairs(self.version.files.get(REPAIRS_FILE))
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
@@ -264,10 +278,17 @@ class ServedHarness:
     async def aclose(self) -> None:
         if self.sandbox is not None:
             await self.sandbox.aclose()
+        self._remove_code()
 
     def close(self) -> None:
         if self.sandbox is not None:
             self.sandbox.close()
+        self._remove_code()
+
+    def _remove_code(self) -> None:
+        if self._code_root is not None:
+            shutil.rmtree(self._code_root, ignore_errors=True)
+            self._code_root = None
 
 
 def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],

@@ -26,7 +26,7 @@ from rich.console import Console
 
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
-from ..harness.manifest import HarnessVersion, load_harness, set_manifest_value
+from ..harness.manifest import HarnessFileError, HarnessVersion, load_harness, set_manifest_value
 from ..harness.repairs import REPAIRS_FILE
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
@@ -38,6 +38,8 @@ from .fdcr import render
 from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
 
+SPEC_FILE = "SPEC.json"  # the spec, written into the external implementer's copy; never read back
+OUTPUT_TAIL = 64_000  # bytes of the external implementer's output kept (the end, for its error message)
 CONTENT_SCHEMA = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
 INTERFACES = {
     "action.py": ("It must define realize(reply, ctx) -> Action | list[Action] | Reject. reply is the text (a str) "
@@ -251,6 +253,17 @@ class ExternalCommand:
         return command, {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, **passed}
 
 
+async def _tail(proc: asyncio.subprocess.Process) -> bytes:
+    """Read the process's output to its end, keeping only the last OUTPUT_TAIL bytes; wait for it to exit."""
+    assert proc.stdout is not None
+    kept = bytearray()
+    while chunk := await proc.stdout.read(65536):
+        kept += chunk
+        del kept[:-OUTPUT_TAIL]
+    await proc.wait()
+    return bytes(kept)
+
+
 @dataclass
 class Implementer:
     model: MeteredModel | None
@@ -274,27 +287,35 @@ class Implementer:
         return reply_content(response.text)
 
     async def _external(self, current: HarnessVersion, spec: HarnessSpec) -> dict[str, str]:
+        """Run the external command in a fresh copy of `current` and read its copy back as untrusted input:
+        regular files inside the copy only (a link, device or FIFO it planted is a CheckFailed naming the
+        file, never followed); its output is kept to its last OUTPUT_TAIL bytes."""
         assert self.external is not None
         with tempfile.TemporaryDirectory(prefix="ecdysis-impl-") as tmp:
             directory = current.write(Path(tmp) / "harness")
-            (directory / "SPEC.json").write_text(spec.model_dump_json(indent=2))
+            (directory / SPEC_FILE).write_text(spec.model_dump_json(indent=2))
             argv, env = self.external.launch(str(directory))
             proc = await asyncio.create_subprocess_exec(
-                *argv, cwd=directory, env=env, stdout=asyncio.subprocess.PIPE,
+                *argv, cwd=directory, env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             try:
-                output, _ = await asyncio.wait_for(proc.communicate(), timeout=self.external.timeout_s)
+                output = await asyncio.wait_for(_tail(proc), timeout=self.external.timeout_s)
             except TimeoutError:
+                raise CheckFailed(f"implementer command timed out after {self.external.timeout_s:g}s "
+                                  "(train.implementer_timeout_s)") from None
+            finally:  # nothing it started keeps writing into the copy while it is read back
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 await proc.wait()
-                raise CheckFailed(f"implementer command timed out after {self.external.timeout_s:g}s "
-                                  "(train.implementer_timeout_s)") from None
             if proc.returncode != 0:
                 tail = output.decode(errors="replace").strip()[-800:]
                 raise CheckFailed(f"implementer command exited with {proc.returncode}: {tail}")
-            (directory / "SPEC.json").unlink(missing_ok=True)
-            return load_harness(directory).files
+            try:
+                return load_harness(directory, skip=frozenset({SPEC_FILE})).files
+            except HarnessFileError as exc:
+                rel = exc.path.removeprefix(os.path.realpath(directory) + "/")
+                raise CheckFailed(f"the implementer's copy of the harness was refused: {rel} {exc.problem} "
+                                  "(harness files must be regular files inside the harness folder)") from None
 
     async def build(self, current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
                     single_turn: bool) -> Candidate:
