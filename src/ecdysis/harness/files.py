@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 FIX = "a harness holds only regular text files inside its folder (replace links with copies of the files)"
 
 
@@ -212,7 +212,6 @@ def _write_file(dir_fd: int, name: str, data: bytes, shown: str) -> None:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise HarnessFileError(shown, f"is {_kind(mode)}", "write a harness into a new, empty folder")
-        os.ftruncate(fd, 0)
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]
