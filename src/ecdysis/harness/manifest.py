@@ -194,7 +194,8 @@ def load_harness(directory: Path | str) -> HarnessVersion:
     """Read and validate a harness directory (text files only, hidden files and caches skipped)."""
     root = Path(directory)
     if not root.is_dir():
-        raise HarnessError(f"{root}: harness directory does not exist")
+        what = "is a file, not a harness directory" if root.exists() else "harness directory does not exist"
+        raise HarnessError(f"{root}: {what}; pass the folder holding harness.toml (`ecdysis init DIR` writes one)")
     files: dict[str, str] = {}
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root).as_posix()
