@@ -9,22 +9,17 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError
 
+from .config_errors import ConfigError, config_error, dotted, key_parts, line_of, problem, should_be
 from .models.local_models import DEFAULT_LOCAL_MODEL
 from .models.registry import ModelSettings
 
 DEFAULT_MODEL = f"local:{DEFAULT_LOCAL_MODEL}"
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message names where the bad value came from (the file, with its
-    line when it can be found, or the `--set`/flag that gave it) and what values are valid."""
 
 
 def _task_limit(value: Any) -> Any:
@@ -195,15 +190,6 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def _key_parts(key: str) -> list[str]:
-    """`a.b."c.d"` -> ["a", "b", "c.d"] (quoted parts may hold dots)."""
-    return [p.strip("\"'") for p in re.findall(r'"[^"]*"|\'[^\']*\'|[^.]+', key.strip())]
-
-
-def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) if re.fullmatch(r"[A-Za-z0-9_-]+", str(p)) else f'"{p}"' for p in loc)
-
-
 def apply_overrides(data: dict[str, Any], overrides: list[str], origins: dict[tuple[str, ...], str] | None = None,
                     written: dict[str, str] | None = None) -> dict[str, Any]:
     """Set each `section.key=value` (value read as TOML, else a string) in `data`. `origins` (if given) records
@@ -213,12 +199,12 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], origins: dict[tu
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"{name}: an override should look like section.key=value")
-        parts = _key_parts(key)
+        parts = key_parts(key)
         node = data
         for i, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"{name}: {_dotted(tuple(parts[:i + 1]))} is not a section (it holds {node!r:.40})")
+                raise ConfigError(f"{name}: {dotted(tuple(parts[:i + 1]))} is not a section (it holds {node!r:.40})")
         node[parts[-1]] = _parse_value(value.strip())
         if origins is not None:
             origins.pop(tuple(parts), None)  # the last override of a key is the one that counts
@@ -231,7 +217,7 @@ def _unknown_keys(data: dict[str, Any], model: type[BaseModel], where: tuple[str
     """Keys of `data` that `model` does not define (their path, and a message with the nearest valid name)."""
     problems: list[tuple[tuple[str, ...], str]] = []
     fields = model.model_fields
-    prefix = _dotted(where) + "." if where else ""
+    prefix = dotted(where) + "." if where else ""
     for key, value in data.items():
         if key not in fields:
             near = difflib.get_close_matches(key, list(fields), n=1, cutoff=0.6)
@@ -246,50 +232,6 @@ def _unknown_keys(data: dict[str, Any], model: type[BaseModel], where: tuple[str
             if isinstance(settings, dict):
                 problems += _unknown_keys(settings, ModelSettings, ("model_settings", ref))
     return problems
-
-
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """The line of a TOML text that sets the key at `loc` (or the inline table holding it), if one does."""
-    section: tuple[str, ...] = ()
-    want = tuple(str(p) for p in loc)
-    for number, line in enumerate(text.splitlines(), 1):
-        header = re.match(r"\s*\[\[?([^\]]+)\]\]?\s*(#.*)?$", line)
-        if header:
-            section = tuple(_key_parts(header.group(1).strip()))
-            continue
-        assignment = re.match(r"\s*([^=#\[]+?)\s*=", line)
-        if assignment:
-            full = section + tuple(p.strip() for p in _key_parts(assignment.group(1)))
-            if want[:len(full)] == full:
-                return number
-    return None
-
-
-def _should(error: dict[str, Any]) -> str:
-    """What a pydantic error says the value should be, in the config's words (no pydantic URL)."""
-    kind, ctx = error["type"], error.get("ctx") or {}
-    bounds = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
-    if kind in bounds:
-        return f"should be {bounds[kind]} {next(iter(ctx.values())):g}"
-    if kind in ("int_parsing", "int_type", "int_from_float"):
-        return "should be a whole number"
-    if kind in ("float_parsing", "float_type"):
-        return "should be a number"
-    if kind in ("bool_parsing", "bool_type"):
-        return "should be true or false"
-    message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Input ")
-    return message[:1].lower() + message[1:]
-
-
-def _problem(where: str, key: str, what: str, value: Any = ...) -> str:
-    got = "" if value is ... else f" (got {value!r:.60})"
-    return f"{where}: {key} {what}{got}"
-
-
-def _config_error(problems: list[str]) -> ConfigError:
-    if len(problems) == 1:
-        return ConfigError(problems[0])
-    return ConfigError(f"{len(problems)} problems in the configuration:\n  " + "\n  ".join(problems))
 
 
 def load_config(path: Path | None = None, overrides: list[str] | None = None,
@@ -343,16 +285,16 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None,
         for parts, origin in reversed(origins.items()):
             if loc[:len(parts)] == parts or parts[:len(loc)] == loc:
                 return origin
-        line = _line_of(text, loc) if path is not None else None
+        line = line_of(text, loc) if path is not None else None
         return f"{path}, line {line}" if line else str(path or "config")
 
     problems = [f"{where(loc)}: {message}" for loc, message in _unknown_keys(data, Config)]
     if problems:
-        raise _config_error(problems)
+        raise config_error(problems)
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise _config_error([_problem(where(e["loc"]), _dotted(e["loc"]), _should(e), e.get("input", ...))
+        raise config_error([problem(where(e["loc"]), dotted(e["loc"]), should_be(e), e.get("input", ...))
                              for e in exc.errors()]) from None
 
 
