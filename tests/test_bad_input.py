@@ -241,3 +241,14 @@ def test_an_interrupted_eval_is_marked_interrupted_and_resumes(tmp_path: Path, d
     (resumed,) = json.loads(ecdysis("runs", "list", "--run-dir", "r", "--json", cwd=tmp_path).stdout)
     assert resumed["status"] == "finished"
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM trajectories").fetchone()[0] == 8
+
+
+def test_a_finished_compare_leaves_no_run_running(tmp_path: Path, data_dir: Path) -> None:
+    assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
+    out = ecdysis("compare", "-c", "proj/ecdysis.toml", "--arms", "fixed", "--transfer-model", "scripted:Answer: 3",
+                  "--set", 'agent.model="scripted:Answer: 18"', "--set", "train.train_limit=2", "--set",
+                  "train.test_limit=2", "--data-dir", str(data_dir), "--run-dir", "cmp", cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    runs = json.loads(ecdysis("runs", "list", "--run-dir", "cmp", "--json", cwd=tmp_path).stdout)
+    assert {r["kind"] for r in runs} == {"compare-arm", "transfer"}
+    assert {r["status"] for r in runs} == {"finished"}  # the baseline arm's and the transfer run were `running`

@@ -269,8 +269,8 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None,
         env = data.setdefault("env", {})
         if isinstance(env, dict):
             plugin_path = env.get("plugin_path", [])
-            env["plugin_path"] = [str(base / p) for p in (plugin_path if isinstance(plugin_path, list) else [])
-                                  if isinstance(p, str)] + [str(base)]
+            if isinstance(plugin_path, list):  # anything else is left for validation to refuse
+                env["plugin_path"] = [str(base / p) if isinstance(p, str) else p for p in plugin_path] + [str(base)]
             options = env.get("options")
             for key, value in (options.items() if isinstance(options, dict) else ()):
                 # a task file (`path`), and any option naming a file or folder next to the config, is relative to it
@@ -289,13 +289,14 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None,
         return f"{path}, line {line}" if line else str(path or "config")
 
     problems = [f"{where(loc)}: {message}" for loc, message in _unknown_keys(data, Config)]
-    if problems:
-        raise config_error(problems)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as exc:
-        raise config_error([problem(where(e["loc"]), dotted(e["loc"]), should_be(e), e.get("input", ...))
-                             for e in exc.errors()]) from None
+        problems += [problem(where(e["loc"]), dotted(e["loc"]), should_be(e), e.get("input", ...))
+                     for e in exc.errors()]
+    if problems:  # every problem at once, so one edit fixes them all
+        raise config_error(problems)
+    return config
 
 
 # Settings that say where things are, not what a run computes: kept out of run ids (with the execution-only

@@ -51,6 +51,8 @@ def should_be(error: dict[str, Any]) -> str:
         return "should be a number"
     if kind in ("bool_parsing", "bool_type"):
         return "should be true or false"
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return "should be a section of keys (a [table])"
     message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Input ")
     return message[:1].lower() + message[1:]
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from ..store import DB_NAME, RunStore, StoreError
 
@@ -31,8 +32,9 @@ DEFAULT_RUN_DIR = Path("runs/default")
 
 
 def fail(message: str) -> None:
-    """Print `error: message` on stderr and exit with status 2 (a user error)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print `error: message` on stderr (as plain text: brackets in it are not markup) and exit with status 2
+    (a user error)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 
