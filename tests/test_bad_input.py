@@ -252,3 +252,11 @@ def test_a_finished_compare_leaves_no_run_running(tmp_path: Path, data_dir: Path
     runs = json.loads(ecdysis("runs", "list", "--run-dir", "cmp", "--json", cwd=tmp_path).stdout)
     assert {r["kind"] for r in runs} == {"compare-arm", "transfer"}
     assert {r["status"] for r in runs} == {"finished"}  # the baseline arm's and the transfer run were `running`
+
+
+def test_a_corrupt_response_cache_is_a_user_error_naming_it(tmp_path: Path) -> None:
+    config = jsonl_project(tmp_path)
+    (tmp_path / "cache.sqlite").write_bytes(os.urandom(4096))
+    out = ecdysis("eval", "-c", str(config), "--model", "scripted:0", "--split", "train", "--run-dir", "r",
+                  "--set", f'cache.path="{tmp_path / "cache.sqlite"}"', cwd=tmp_path)
+    user_error(out, f"response cache {tmp_path / 'cache.sqlite'} cannot be used", "cache.enabled = false")
