@@ -7,14 +7,16 @@ go to stderr, so `--json` output stays parseable.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from ..store import DB_NAME, RunStore
+from ..store import DB_NAME, RunStore, StoreError
 
 # Not a terminal (a pipe, a file): no width limit, so ids and references are never cut.
 console = Console(width=None if sys.stdout.isatty() else 400)
@@ -30,8 +32,9 @@ DEFAULT_RUN_DIR = Path("runs/default")
 
 
 def fail(message: str) -> None:
-    """Print `error: message` on stderr and exit with status 2 (a user error)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print `error: message` on stderr (as plain text: brackets in it are not markup) and exit with status 2
+    (a user error)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(2)
 
 
@@ -76,7 +79,24 @@ def open_store(run_dir: Path) -> RunStore:
     if not (run_dir / DB_NAME).exists():
         fail(f"{run_dir} holds no run database ({DB_NAME}); pass the run directory with --run-dir "
              "or the config with -c")
-    return RunStore(run_dir)
+    try:
+        return RunStore(run_dir)
+    except StoreError as exc:
+        fail(str(exc))
+        raise
+
+
+def find_run(store: RunStore, prefix: str) -> str:
+    """The full id of the run that `prefix` names (its id or a unique start of it); exit 2 naming the
+    candidates when several runs match, or when none does."""
+    rows = store.runs_matching(prefix)
+    if not rows:
+        fail(f"no run {prefix!r} in {store.run_dir}; see `ecdysis runs list --run-dir {store.run_dir}`")
+    if len(rows) > 1:
+        listed = "\n  ".join(f"{r['id']}  ({r['kind']}, {r['status']}, "
+                             f"{time.strftime('%Y-%m-%d %H:%M', time.localtime(r['created']))})" for r in rows)
+        fail(f"run id prefix {prefix!r} matches {len(rows)} runs in {store.run_dir}; give more of the id:\n  {listed}")
+    return str(rows[0]["id"])
 
 
 def latest_run(store: RunStore, kind: str | None = None) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from . import views
-from .common import ConfigOpt, JsonOpt, RunDirOpt, config_run_dir, console, fail, latest_run, open_store
+from .common import ConfigOpt, JsonOpt, RunDirOpt, config_run_dir, console, fail, find_run, latest_run, open_store
 
 RunArg = Annotated[str | None, typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 TrainRunArg = Annotated[str | None, typer.Argument(help="Training run id or a unique prefix "
@@ -20,10 +20,11 @@ TrainRunArg = Annotated[str | None, typer.Argument(help="Training run id or a un
 
 
 def _locate(config: Path | None, run_dir: Path | None, run: str | None, kind: str | None) -> tuple[Any, Path, str]:
-    """The store, its folder and the run id a reading command works on."""
+    """The store, its folder and the full id of the run a reading command works on (`run`: an id or a unique
+    prefix of one; default: the latest run of `kind`)."""
     where = config_run_dir(config, run_dir)
     store = open_store(where)
-    return store, where, run or latest_run(store, kind)
+    return store, where, find_run(store, run) if run else latest_run(store, kind)
 
 
 def runs_list(run_dir: RunDirOpt = None, config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
@@ -108,6 +109,10 @@ def diff(
     from ..report.data import load_run
 
     store, run_dir, run = _locate(config, run_dir, run, "train")
+    kind = store.run(run)["kind"]  # type: ignore[index]
+    if kind != "train":
+        fail(f"{run} is {'an' if kind[0] in 'aeiou' else 'a'} {kind} run: it has no harness lineage to diff; "
+             f"`ecdysis diff` takes a training run (see `ecdysis runs list --run-dir {run_dir}`)")
     try:
         view = load_run(store, run)
         names = {"seed": view.summary.get("seed_harness_id") or (view.lineage[0].id if view.lineage else ""),

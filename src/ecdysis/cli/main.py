@@ -9,7 +9,6 @@ import os
 import shutil
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -30,7 +29,8 @@ from ..models import (
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from . import doctor, inspect, views
-from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail
+from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, fail, notice
+from .exits import run_guarded
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -56,13 +56,22 @@ def root(debug: Annotated[bool, typer.Option("--debug", help="Show the traceback
     """Ecdysis: train the runtime harness of an LLM agent."""
 
 
+# the command-line option that sets a config key, where it is not `--` + the key's last part (for error messages)
+OPTION_OF = {"env.name": "--env", "user.model": "--user-model", "env.options.path": "--tasks",
+             "sandbox.timeout_s": "--timeout", "run.progress": "--json",
+             **{f"roles.{r}": "--roles-model" for r in ("analyst", "critic", "engineer", "moderator", "implementer")}}
+
+
 def build_config(config: Path | None, sets: list[str] | None, **flags: object) -> Config:
-    """Config file, then --set overrides, then explicit flags (those not None)."""
+    """Config file, then --set overrides, then explicit flags (those not None). An error names the option."""
     overrides = list(sets or [])
+    written: dict[str, str] = {}
     for key, value in flags.items():
         if value is not None:
             overrides.append(f"{key}={json.dumps(str(value)) if isinstance(value, (str, Path)) else value}")
-    return load_config(config, overrides)
+            option = OPTION_OF.get(key, "--" + key.rpartition(".")[2].replace("_", "-"))
+            written[overrides[-1]] = option if isinstance(value, bool) else f"{option} {value}"
+    return load_config(config, overrides, written)
 
 
 @app.command()
@@ -169,6 +178,9 @@ def init(
         options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
         console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
                       f"tasks; grader {grader_ref}[/]")
+        if not counts["train"] or not counts["test"]:
+            notice(f"[yellow]warning:[/] no {'train' if not counts['train'] else 'test'} tasks: `ecdysis train` needs "
+                   "both (add tasks, or give lines a \"split\": \"train\" | \"val\" | \"test\" field)")
     try:
         seed = seed_harness_dir(env)
         shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -207,7 +219,8 @@ def eval_cmd(
     user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
     model: Annotated[str | None, typer.Option(help="Agent model reference.")] = None,
     split: Annotated[str | None, typer.Option(help="train | val | test (default val; test only when asked)")] = None,
-    limit: Annotated[int | None, typer.Option(help="Number of tasks (seeded choice).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Number of tasks (seeded choice); all: --set eval.limit=all.")
+                     ] = None,
     trials: Annotated[int | None, typer.Option(help="Trials per task.")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
@@ -243,7 +256,8 @@ def eval_cmd(
                 fail(f"no task {missing[0]!r} in split {cfg.eval.split!r}")
             tasks = [by_id[i] for i in dict.fromkeys(task_ids)]
         if not tasks:
-            fail(f"no tasks in split {cfg.eval.split!r}")
+            fail(f"no tasks in split {cfg.eval.split!r} of environment {cfg.env.name!r}; choose another with "
+                 "--split (train, val, test)")
         ws.model(cfg.agent.model)  # a bad model reference fails before anything is written
         key = hashlib.sha256(identity_json(cfg).encode() + version.id.encode()
                              + ",".join(task_ids or []).encode()).hexdigest()[:10]
@@ -376,21 +390,11 @@ def compare_summary(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The `ecdysis` entry point. A user error exits 2 with its message; an internal error exits 1 with a
-    one-line message, or its traceback when `--debug` is anywhere before `--` (or ECDYSIS_DEBUG=1)."""
+    """The `ecdysis` entry point; exit statuses as `cli/exits.py` says (2: a user error, with its message; 1: an
+    internal error, one line, or its traceback when `--debug` is anywhere before `--` or ECDYSIS_DEBUG=1;
+    130: Ctrl-C, the run marked interrupted)."""
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:end] or os.environ.get("ECDYSIS_DEBUG", "") not in ("", "0")
     args = [a for i, a in enumerate(args) if not (a == "--debug" and i < end)]
-    try:
-        app(args=args, prog_name="ecdysis")
-    except KeyboardInterrupt:
-        err_console.print("interrupted")
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the last line of defence: a short message, or the traceback
-        if debug:
-            traceback.print_exc()
-        hint = "" if debug else " (run again with --debug for the traceback)"
-        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}{hint}", highlight=False,
-                          markup=True)
-        sys.exit(1)
+    run_guarded(lambda: app(args=args, prog_name="ecdysis"), debug)

@@ -108,8 +108,16 @@ def get_environment(name: str, data_dir: Path | None = None, seed: int = 0, sear
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise UnknownEnvironmentError(f"environment {name!r}: {module.__name__} has no callable {attr!r}")
-    if "search" in inspect.signature(factory).parameters:
+    params = inspect.signature(factory).parameters
+    if "search" in params:
         options = {**options, "search": list(search or [])}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        unknown = sorted(set(options) - set(params))
+        if unknown:
+            known = [p for p in params if p not in ("data_dir", "seed", "search")]
+            raise UnknownEnvironmentError(
+                f"environment {name!r} has no option(s) {', '.join(f'env.options.{k}' for k in unknown)}; "
+                f"its options: {', '.join(known) or 'none'}")
     return factory(data_dir=data_dir, seed=seed, **options)
 
 

@@ -153,10 +153,25 @@ def seeded_order(tasks: list[Task], seed: int) -> list[Task]:
     return out
 
 
+TASK_LINE = '{"id": "q1", "prompt": "...", "answer": "..."}'
+
+
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield (line number, object); a malformed line raises TaskFileError naming file and line."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    """Yield (line number, object) of a UTF-8 JSON-lines file (blank lines skipped). A line that is not UTF-8, not
+    JSON or not an object, a file that cannot be read, and a file with no object at all raise TaskFileError
+    naming the file (and the line)."""
+    try:
+        handle = path.open("rb")
+    except OSError as exc:
+        raise TaskFileError(f"task file {path} cannot be read ({exc.strerror}); pass a JSON-lines file") from None
+    found = False
+    with handle:
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise TaskFileError(f"{path}:{lineno}: not UTF-8 text (byte {exc.start + 1} of the line); a task file "
+                                    f"is UTF-8 JSON lines, one task per line: {TASK_LINE}") from None
             if not line.strip():
                 continue
             try:
@@ -165,21 +180,43 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise TaskFileError(f"{path}:{lineno}: not valid JSON ({exc.msg} at column {exc.colno})") from exc
             if not isinstance(obj, dict):
                 raise TaskFileError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            found = True
             yield lineno, obj
+    if not found:
+        raise TaskFileError(f"{path}: no tasks: the file is empty; write one JSON object per line: {TASK_LINE}")
+
+
+KIND_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list", dict: "a JSON object"}
 
 
 def require(obj: dict[str, Any], key: str, kind: type, path: Path, lineno: int) -> Any:
+    """`obj[key]`, which must be present and of `kind`; a string must not be blank (TaskFileError otherwise)."""
     if key not in obj:
         raise TaskFileError(f"{path}:{lineno}: missing field {key!r}")
-    if not isinstance(obj[key], kind):
-        raise TaskFileError(
-            f"{path}:{lineno}: field {key!r} should be {kind.__name__}, got {type(obj[key]).__name__}"
-        )
-    return obj[key]
+    value = obj[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        example = f'; write it as "{key}": {json.dumps(str(value))}' if kind is str and value is not None else ""
+        raise TaskFileError(f"{path}:{lineno}: field {key!r} should be {KIND_NAMES.get(kind, kind.__name__)}, "
+                            f"got {type(value).__name__} {json.dumps(value)[:40]}{example}")
+    if isinstance(value, str) and not value.strip():
+        raise TaskFileError(f"{path}:{lineno}: field {key!r} is empty; every task needs one")
+    return value
+
+
+def unique_id(seen: dict[str, int], task_id: str, path: Path, lineno: int, why: str = "") -> None:
+    """Record `task_id` (first seen on a line of `path`); a second task with it raises TaskFileError."""
+    if task_id in seen:
+        raise TaskFileError(f"{path}:{lineno}: duplicate id {task_id!r} (also on line {seen[task_id]}){why}; "
+                            "every task needs its own id")
+    seen[task_id] = lineno
 
 
 def data_file(data_dir: Path | None, env: str, filename: str, url: str | None) -> Path:
     """Locate `env/filename` in --data-dir or $ECDYSIS_DATA_DIR; else download it once into the cache."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise DataNotFoundError(f"data dir {data_dir} {'is a file' if Path(data_dir).exists() else 'does not exist'}; "
+                                "pass the folder holding gsm8k/ and dbbench/ as --data-dir (env.data_dir), or leave "
+                                "it out to use $ECDYSIS_DATA_DIR or the download cache")
     candidates: list[Path] = []
     for base in (data_dir, os.environ.get("ECDYSIS_DATA_DIR")):
         if base:

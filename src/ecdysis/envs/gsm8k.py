@@ -24,6 +24,7 @@ from .base import (
     require,
     split_of,
     stable_id,
+    unique_id,
 )
 
 URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data/{}.jsonl"
@@ -83,13 +84,17 @@ class GSM8K:
     def _load(self, filename: str, split_for: str) -> list[Task]:
         path = data_file(self.data_dir, "gsm8k", filename, URL.format(filename.split(".")[0]))
         tasks: list[Task] = []
+        seen: dict[str, int] = {}
         for lineno, obj in read_jsonl(path):
             question = require(obj, "question", str, path, lineno)
             solution = require(obj, "answer", str, path, lineno)
             if "####" not in solution:
                 raise TaskFileError(f"{path}:{lineno}: field 'answer' has no '#### <number>' line")
             gold = parse_number(solution.split("####")[-1])
+            if gold is None:
+                raise TaskFileError(f"{path}:{lineno}: field 'answer' has no number after '####'")
             task_id = stable_id("gsm8k", question)
+            unique_id(seen, task_id, path, lineno, " (the same question: ids come from the question's text)")
             split = split_of(task_id, self.seed, self.val_fraction) if split_for == "train" else "test"
             tasks.append(Task(id=task_id, split=split, prompt=question, gold=gold,
                               meta={"solution": solution}))

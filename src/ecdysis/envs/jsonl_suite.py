@@ -24,6 +24,7 @@ from .base import (
     check_split,
     read_jsonl,
     require,
+    unique_id,
 )
 from .graders import Grader, load_grader
 
@@ -51,15 +52,16 @@ class JsonlSuite:
         if not path.exists():
             raise FileNotFoundError(f"task file {path} does not exist")
         tasks: list[Task] = []
-        seen: set[str] = set()
+        seen: dict[str, int] = {}
         for lineno, obj in read_jsonl(path):
-            task_id = str(require(obj, "id", (str, int), path, lineno))  # type: ignore[arg-type]
+            task_id = require(obj, "id", str, path, lineno)
             prompt = require(obj, "prompt", str, path, lineno)
             if "answer" not in obj:
                 raise TaskFileError(f"{path}:{lineno}: missing field 'answer'")
-            if task_id in seen:
-                raise TaskFileError(f"{path}:{lineno}: duplicate id {task_id!r}")
-            seen.add(task_id)
+            if obj["answer"] in (None, "", [], {}) or isinstance(obj["answer"], str) and not obj["answer"].strip():
+                raise TaskFileError(f"{path}:{lineno}: field 'answer' is empty; every task needs the answer its grader "
+                                    "compares the reply with")
+            unique_id(seen, task_id, path, lineno)
             split = obj.get("split") or self._split(task_id)
             if split not in SPLITS:
                 raise TaskFileError(f"{path}:{lineno}: split {split!r} is not one of {SPLITS}")
@@ -96,6 +98,12 @@ def from_options(data_dir: Path | None = None, seed: int = 0, path: str | None =
                          "options: path, grader, tolerance, labels")
     if not path:
         raise ValueError("the jsonl environment needs a task file: --tasks FILE (or env.options.path)")
+    if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, int | float)
+                                  or tolerance < 0):
+        raise ValueError(f"env.options.tolerance should be a number >= 0 (got {tolerance!r}), the numeric grader's "
+                         "relative tolerance")
+    if labels is not None and not isinstance(labels, list):
+        raise ValueError(f"env.options.labels should be a list of the answers every task may have (got {labels!r})")
     suite = JsonlSuite(path=Path(path), grader=grader, seed=seed, search=list(search or []), tolerance=tolerance,
                        labels=tuple(str(x) for x in labels or ()))
     suite._grader_fn = load_grader(grader, suite.search, tolerance)

@@ -161,7 +161,9 @@ def read_tree(directory: Path | str, skip: frozenset[str] = frozenset(),
     try:
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        raise HarnessError(f"{directory}: harness directory does not exist") from None
+        what = "is a file, not a harness directory" if os.path.exists(root) else "harness directory does not exist"
+        raise HarnessError(f"{directory}: {what}; pass the folder holding harness.toml "
+                           "(`ecdysis init DIR` writes one)") from None
     reader = _Reader(root, limits, skip, {})
     try:
         reader.walk(root_fd, "", 0)

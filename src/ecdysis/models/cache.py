@@ -24,20 +24,28 @@ def default_cache_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "ecdysis" / "responses.sqlite"
 
 
+class CacheError(ValueError):
+    """The response cache file cannot be opened (not a database, not writable); the message says what to do."""
+
+
 class ResponseCache:
     """SQLite-backed map from request hash to response JSON. Safe to share between runs."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, "
-            "response TEXT NOT NULL, created REAL NOT NULL)"
-        )
-        self._db.commit()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, "
+                "response TEXT NOT NULL, created REAL NOT NULL)"
+            )
+            self._db.commit()
+        except (OSError, sqlite3.DatabaseError) as exc:
+            raise CacheError(f"response cache {self.path} cannot be used ({exc}); move it away, point "
+                                   "cache.path (or $ECDYSIS_CACHE) elsewhere, or set cache.enabled = false") from None
 
     def get(self, key: str) -> ChatResponse | None:
         with self._lock:

@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .base import ChatModel, ModelConfigError
 from .scripted import ScriptedModel
@@ -25,13 +26,13 @@ class ModelSettings(BaseModel):
     """Per-endpoint settings; the defaults suit a local server."""
 
     api_key_env: str | None = None
-    max_concurrency: int = 4
-    max_retries: int = 4
-    attempt_timeout_s: float = 120.0
-    total_timeout_s: float = 600.0
-    n_ctx: int = 4096
-    slots: int | None = None  # embedded backend: episodes whose KV cache is kept (1: they evict each other);
-    # default: run.concurrency
+    max_concurrency: Annotated[int, Field(ge=1)] = 4
+    max_retries: Annotated[int, Field(ge=0)] = 4
+    attempt_timeout_s: Annotated[float, Field(gt=0)] = 120.0
+    total_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    n_ctx: Annotated[int, Field(ge=1)] = 4096
+    # embedded backend: episodes whose KV cache is kept (1: they evict each other); default: run.concurrency
+    slots: Annotated[int, Field(ge=1)] | None = None
 
 
 def _key(env_name: str | None, required: bool) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import ChatRequest, ChatResponse, Message, ToolCall, Usage
+from .base import ChatRequest, ChatResponse, Message, ModelConfigError, ToolCall, Usage
 from .toolcalls import call_id, split_tool_calls, tool_names_of
 
 Responder = Callable[[list[Message]], str | dict[str, Any]]
@@ -36,9 +36,16 @@ class EpisodeScript:
 
 def from_file(path: str | Path) -> ScriptedModel:
     """`scripted:@FILE`: a JSON list of replies played in order in each episode."""
-    replies = json.loads(Path(path).read_text())
+    try:
+        replies = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ModelConfigError(f"scripted:@{path}: cannot read the reply file {path} ({exc.strerror}); write a JSON "
+                               'list of replies there, e.g. ["Answer: 4"]') from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelConfigError(f"scripted:@{path}: the reply file is not JSON ({exc}); write a JSON list of replies, "
+                               'e.g. ["Answer: 4"]') from None
     if not isinstance(replies, list) or not replies:
-        raise ValueError(f"{path}: a scripted model's file must hold a non-empty JSON list of replies")
+        raise ModelConfigError(f"scripted:@{path}: the reply file must hold a non-empty JSON list of replies")
     return ScriptedModel(EpisodeScript(replies), name=Path(path).name)
 
 

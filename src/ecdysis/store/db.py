@@ -54,6 +54,37 @@ class RunDirBusy(RuntimeError):
     """Another process is writing to this run directory."""
 
 
+class StoreError(ValueError):
+    """A run directory or its database that cannot be used (a file where a folder should be, a file that is not
+    a SQLite database); the message names the path and what to do."""
+
+
+class AmbiguousRunId(ValueError):
+    """A run-id prefix that more than one run starts with; the message lists them."""
+
+
+# Runs this process started and has not finished: (database path, run id). On Ctrl-C, SIGTERM or an error the
+# command line marks them (`mark_open_runs`), so none stays `running` after its process is gone.
+_OPEN_RUNS: dict[tuple[Path, str], None] = {}
+
+
+def mark_open_runs(status: str) -> list[str]:
+    """Set `status` (`interrupted`, `failed`) on every run this process started and did not finish, through a
+    connection of its own (the store's may be mid-call); returns their ids. Resuming a run sets it back to
+    `running`."""
+    marked = []
+    for path, run_id in list(_OPEN_RUNS):
+        try:
+            with sqlite3.connect(path, timeout=5) as db:
+                db.execute("UPDATE runs SET status=? WHERE id=? AND status='running'", (status, run_id))
+            db.close()
+            marked.append(run_id)
+        except sqlite3.Error:
+            pass  # the database went away or is locked: nothing more to do on the way out
+        _OPEN_RUNS.pop((path, run_id), None)
+    return marked
+
+
 def claim_run_dir(run_dir: Path) -> None:
     """Take the run directory for this process (an exclusive `flock`, released when the process ends,
     even on SIGKILL). A second process gets RunDirBusy naming the holder's pid."""
@@ -81,18 +112,29 @@ class RunStore:
 
     def __init__(self, run_dir: Path | str) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise StoreError(f"run directory {self.run_dir} is a file, not a folder; pass a folder as --run-dir "
+                             "(it is created if missing)") from None
+        except PermissionError:
+            raise StoreError(f"run directory {self.run_dir} cannot be created here (permission denied); "
+                             "pass a folder you can write to as --run-dir") from None
         self.path = self.run_dir / DB_NAME
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(model_calls)")}
-        if "cached_tokens" not in columns:  # a store written before prompt-cache accounting
-            self._db.execute("ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER DEFAULT 0")
-        self._db.commit()
+        try:
+            self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(SCHEMA)
+            columns = {r["name"] for r in self._db.execute("PRAGMA table_info(model_calls)")}
+            if "cached_tokens" not in columns:  # a store written before prompt-cache accounting
+                self._db.execute("ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER DEFAULT 0")
+            self._db.commit()
+        except sqlite3.DatabaseError as exc:  # OperationalError (unreadable, a folder) included
+            raise StoreError(f"{self.path} is not a usable run database ({exc}); move it away or pass another "
+                             "--run-dir") from None
 
     def _write(self, sql: str, args: tuple[Any, ...]) -> None:
         with self._lock:
@@ -116,18 +158,31 @@ class RunStore:
         else:
             self._write("INSERT INTO runs VALUES (?,?,?,?,?,NULL)",
                         (run_id, kind, time.time(), "running", json.dumps(config, default=str)))
+        _OPEN_RUNS[(self.path.resolve(), run_id)] = None
         return run_id
 
     def finish_run(self, run_id: str, summary: dict[str, Any], status: str = "finished") -> None:
         self._write("UPDATE runs SET status=?, summary=? WHERE id=?",
                     (status, json.dumps(summary, default=str), run_id))
+        _OPEN_RUNS.pop((self.path.resolve(), run_id), None)
 
     def runs(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows("SELECT * FROM runs ORDER BY created")]
 
+    def runs_matching(self, prefix: str) -> list[dict[str, Any]]:
+        """The run whose id is `prefix`, else every run whose id starts with it (oldest first)."""
+        exact = self._rows("SELECT * FROM runs WHERE id=?", (prefix,))
+        rows = exact or self._rows("SELECT * FROM runs WHERE substr(id, 1, ?) = ? ORDER BY created",
+                                   (len(prefix), prefix))
+        return [dict(r) for r in rows]
+
     def run(self, run_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM runs WHERE id=? OR id LIKE ?", (run_id, f"{run_id}%"))
-        return dict(rows[0]) if rows else None
+        """The run with this id or unique id prefix; None if there is none, AmbiguousRunId if several match."""
+        rows = self.runs_matching(run_id) if run_id else []
+        if len(rows) > 1:
+            raise AmbiguousRunId(f"run id prefix {run_id!r} matches {len(rows)} runs in {self.run_dir}: "
+                                 f"{', '.join(r['id'] for r in rows)}; give more of the id")
+        return rows[0] if rows else None
 
     # harness versions
     def save_version(self, version: HarnessVersion, parent: str | None = None, note: str = "") -> str:

@@ -94,9 +94,11 @@ class BaselineArm(Arm):
         train = await runner.evaluate(version, ws.tasks("train", cfg.train.train_limit), cfg.train.train_trials,
                                       "train", "train")
         test = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), cfg.eval.trials, "test", "test")
-        return ArmResult(self.name, cfg.run.seed, train_acc=train.accuracy, test_acc=test.accuracy,
-                         gap=train.accuracy - test.accuracy, pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k,
-                         harness_id=version.id), version
+        result = ArmResult(self.name, cfg.run.seed, train_acc=train.accuracy, test_acc=test.accuracy,
+                           gap=train.accuracy - test.accuracy, pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k,
+                           harness_id=version.id)
+        ws.store.finish_run(run_id, result.row())
+        return result, version
 
 
 @dataclass
@@ -207,6 +209,7 @@ class BestOfKArm(Arm):
             pass_hat_k=summary.pass_hat_k, k=k, k_uncapped=k_uncapped, harness_id=sampled.id,
             stop_reason=(f"k capped at eval.best_of_k_max = {cfg.eval.best_of_k_max} (uncapped {k_uncapped})"
                          if k < k_uncapped else ""))
+        ws.store.finish_run(run_id, result.row())
         return result, sampled
 
 
@@ -262,5 +265,6 @@ async def _transfer(ws: Workspace, arm: Arm, version: HarnessVersion, model: str
     ws.store.start_run("transfer", {"arm": arm.name, "model": model}, run_id=run_id)
     summary = await ws.runner(run_id, model_ref=model).evaluate(
         version, ws.tasks("test", arm.config.train.test_limit), 1, "test", "transfer")
+    ws.store.finish_run(run_id, summary.to_dict())
     return summary.accuracy
 

@@ -101,6 +101,11 @@ class TrainContext:
         self.test_runner: Runner = self.ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = self.ws.tasks("train", self.cfg.train.train_limit)
+        for split, n in (("train", len(self.train_tasks)), ("test", len(self.ws.tasks("test", 1)))):
+            if not n:  # refused before anything is spent: no failures to learn from, or no held-out result
+                raise ValueError(f"the {split} split of environment {self.cfg.env.name!r} has no tasks; training "
+                                 "needs train tasks to learn from and test tasks to measure the result on "
+                                 "(a JSONL suite: more tasks, or \"split\" fields on its lines)")
         self.val_tasks, self.accept_rule = self._acceptance_split()
         records.put(self.store, run_id, "accept_on", self.accept_rule)
         self.wall_done = sum(v for k, v in self.store.records(run_id, "timing") if k.startswith("r"))
