@@ -15,9 +15,9 @@ from ecdysis.config import load_config
 from ecdysis.harness.skills import parse_demos
 from ecdysis.models import Message, ScriptedModel
 from ecdysis.trainer import train_async
+from ecdysis.trainer.demos import bootstrap_demo
 from ecdysis.trainer.failures import Pattern
 from ecdysis.trainer.fdcr import with_verified_levers
-from ecdysis.trainer.demos import bootstrap_demo
 from ecdysis.trainer.levers import candidate_variants, library_fallback_specs, measure_repairs
 from ecdysis.trainer.rerun import runner_rerun
 from ecdysis.trainer.spec import Change, HarnessSpec, parse_spec, spec_json_schema

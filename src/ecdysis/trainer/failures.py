@@ -119,10 +119,10 @@ def tool_facts(traj: Trajectory) -> dict[str, int]:
     in_text = sum(1 for e in traj.of(ModelEvent) if not e.unchosen and not e.tool_calls and offered
                   and calls_in_text(as_reply(e.reply), offered) is not None)
     schema_tools = any(t.parameters is not None for t in offered)
-    return dict(tool_calls=len(calls), **{kind: errors[kind] for kind in ("unknown_tool", "invalid_arguments",
-                                                                          "tool_error")},
-                repeated_call=sum(n - 1 for n in keys.values() if n > 1), json_call_in_text=in_text,
-                no_tool_call=int(schema_tools and not calls))
+    by_validation = {kind: errors[kind] for kind in ("unknown_tool", "invalid_arguments", "tool_error")}
+    return {"tool_calls": len(calls), **by_validation,
+            "repeated_call": sum(n - 1 for n in keys.values() if n > 1), "json_call_in_text": in_text,
+            "no_tool_call": int(schema_tools and not calls)}
 
 
 TOOL_LEVERS: dict[str, tuple[str, ...]] = {  # every tool-call failure leads somewhere, never to "leave it"
