@@ -19,8 +19,10 @@ from ecdysis.harness.manifest import version_from_files
 from ecdysis.harness.skills import example_messages, nearest_examples, parse_examples
 from ecdysis.models import Message, ScriptedModel
 from ecdysis.trainer.checks import CheckFailed, check_static
+from ecdysis.trainer.demos import examples_file
+from ecdysis.trainer.evidence import Confusion, LabelErrors
 from ecdysis.trainer.failures import aggregate, confusion_facts, failure_record
-from ecdysis.trainer.implement import apply_structured, examples_file
+from ecdysis.trainer.implement import apply_structured
 from ecdysis.trainer.levers import measure_repairs
 from ecdysis.trainer.spec import Change, HarnessSpec
 from ecdysis.workspace import Workspace
@@ -152,11 +154,13 @@ def test_confusion_facts_on_known_failures() -> None:
                _failure("c", "music", "sports"), _failure("d", "politics", "music")]
     facts = confusion_facts(records, {"a": "politics", "b": "politics", "c": "music", "d": "politics",
                                       "e": "music", "f": "sports"})
-    assert facts["confusions"][0] == {"expected": "politics", "given": "science", "n": 2}
-    assert facts["label_errors"]["politics"] == {"errors": 3, "tasks": 3}
-    assert facts["label_errors"]["music"] == {"errors": 1, "tasks": 2}
+    assert facts is not None
+    confusions, label_errors = facts
+    assert confusions[0] == Confusion(expected="politics", given="science", n=2)
+    assert label_errors["politics"] == LabelErrors(errors=3, tasks=3)
+    assert label_errors["music"] == LabelErrors(errors=1, tasks=2)
     (pattern,) = aggregate(records, {k: (1, 0) for k in "abcd"})
-    assert pattern.facts["confusions"][0]["given"] == "science" and pattern.layer == "model"
+    assert pattern.confusions[0].given == "science" and pattern.layer == "model"
 
 
 def test_self_consistency_takes_the_majority_answer(tmp_path: Path) -> None:

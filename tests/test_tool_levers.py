@@ -15,9 +15,9 @@ from ecdysis.config import load_config
 from ecdysis.harness.skills import parse_demos
 from ecdysis.models import Message, ScriptedModel
 from ecdysis.trainer import train_async
+from ecdysis.trainer.demos import bootstrap_demo
 from ecdysis.trainer.failures import Pattern
 from ecdysis.trainer.fdcr import with_verified_levers
-from ecdysis.trainer.implement import bootstrap_demo
 from ecdysis.trainer.levers import candidate_variants, library_fallback_specs, measure_repairs
 from ecdysis.trainer.rerun import runner_rerun
 from ecdysis.trainer.spec import Change, HarnessSpec, parse_spec, spec_json_schema
@@ -268,7 +268,7 @@ def test_a_lever_changing_only_failing_episodes_of_every_pattern_skips_the_debat
     both = [pattern("P1", lever("error_answer", changed=2)), pattern("P2", lever("error_answer", changed=1))]
     assert covering_lever(both) is None  # the default: only a lever that gains tasks skips the debate
     chosen = covering_lever(both, changed=True)
-    assert chosen is not None and chosen["lever"] == "enable_repair error_answer"
+    assert chosen is not None and chosen.lever == "enable_repair error_answer"
     spec = lever_spec(both, chosen)
     assert spec is not None and [c.repair for c in spec.changes] == ["error_answer"]
     assert "2 failing episode(s) changed, no passing one" in spec.changes[0].rationale
@@ -277,4 +277,4 @@ def test_a_lever_changing_only_failing_episodes_of_every_pattern_skips_the_debat
     one_only = [pattern("P1", lever("error_answer", changed=2)), pattern("P2", lever("coerce_types", changed=1))]
     assert covering_lever(one_only, changed=True) is None  # no single lever acts on every recurring pattern
     gaining = [pattern("P1", lever("error_answer", changed=2), lever("bare_sql", gained=1))]
-    assert covering_lever(gaining, changed=True)["lever"] == "enable_repair bare_sql"  # a measured gain first
+    assert covering_lever(gaining, changed=True).lever == "enable_repair bare_sql"  # a measured gain first

@@ -50,7 +50,7 @@ def test_recurring_vs_isolated_classification() -> None:
     boxed = next(p for p in patterns if "t0" in p.tasks)
     assert boxed.classification == "recurring" and len(boxed.tasks) == 5
     assert "4 distinct tasks" in boxed.reason and "only sometimes" in boxed.reason
-    assert boxed.facts["expected_wrapper"] == {"boxed": 5} and boxed.layer == "H2"
+    assert boxed.facts.expected_wrapper == {"boxed": 5} and boxed.layer == "H2"
     assert any("measured repairs" in lever for lever in boxed.levers)  # repairs are measured, not guessed
     lone = next(p for p in patterns if p.tasks == ["t9"])
     assert lone.classification == "isolated" and "one task" in lone.reason

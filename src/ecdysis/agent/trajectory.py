@@ -1,11 +1,19 @@
-"""The record of one episode. Plain dataclasses: built in the sandbox, stored as JSON by the host."""
+"""The record of one episode. A plain dataclass: built in the sandbox, stored as JSON by the host.
+
+Its events are written and stored as JSON objects; the host reads them as typed records (`events.py`)
+through `typed_events` and `of`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+from .events import ActionEvent, BaseEvent, ModelEvent, ObservationEvent, PromptEvent, parse_event
+
+E = TypeVar("E", bound=BaseEvent)
 
 # How an episode ended. Everything except "answered" is a failure mode worth aggregating.
 TERMINATIONS = (
@@ -54,35 +62,52 @@ class Trajectory:
     def add(self, kind: str, turn: int, **data: Any) -> None:
         self.events.append({"kind": kind, "turn": turn, **data})
 
+    def typed_events(self) -> list[BaseEvent]:
+        """The events as typed records. Parsed once per length of `events`: readers run after an episode
+        is recorded (events are appended, never edited, once they are read)."""
+        cached: tuple[int, list[BaseEvent]] | None = self.__dict__.get("_typed")
+        if cached is None or cached[0] != len(self.events):
+            cached = (len(self.events), [parse_event(e) for e in self.events])
+            self.__dict__["_typed"] = cached
+        return cached[1]
+
+    def of(self, cls: type[E]) -> list[E]:
+        """The events of one record type, in order (e.g. `traj.of(ModelEvent)`)."""
+        return [e for e in self.typed_events() if type(e) is cls]
+
+    def tool_calls(self) -> list[ActionEvent]:
+        """The actions that called a tool (not the final answer, not a message to the user)."""
+        return [e for e in self.of(ActionEvent) if e.is_tool_call]
+
     def replies(self) -> list[str]:
-        return [e["reply"] for e in self.events if e["kind"] == "model"]
+        return [e.reply for e in self.of(ModelEvent)]
 
     def reply_records(self) -> list[dict[str, Any]]:
         """Replies with their native tool calls, as replay takes them (of self-consistency samples, only
         the one the vote chose)."""
-        return [{"text": e["reply"], "tool_calls": e.get("tool_calls") or []}
-                for e in self.events if e["kind"] == "model" and not e.get("unchosen")]
+        return [{"text": e.reply, "tool_calls": e.tool_calls} for e in self.of(ModelEvent) if not e.unchosen]
 
     def observations_before_replies(self) -> list[str]:
         """For each reply of `reply_records`, the environment's last observation before it ("" before any):
         what `ActionContext.last_observation` held when the reply was realized."""
         out, last = [], ""
-        for e in self.events:
-            if e["kind"] == "observation":
-                last = str(e.get("text", ""))
-            elif e["kind"] == "model" and not e.get("unchosen"):
+        for e in self.typed_events():
+            if isinstance(e, ObservationEvent):
+                last = e.text
+            elif isinstance(e, ModelEvent) and not e.unchosen:
                 out.append(last)
         return out
 
-    def offered_tools(self) -> list[dict[str, Any] | str]:
+    def offered_tools(self) -> list[dict[str, Any]] | list[str]:
         """The tools the episode offered, as recorded (with schemas); for trajectories recorded before
         tools were stored, the names of the tools it called."""
-        prompt = self.of_kind("prompt")
-        if prompt and prompt[0].get("tools") is not None:
-            return prompt[0]["tools"]
-        return sorted({e["tool"] for e in self.of_kind("action") if e["tool"] not in ("answer", "respond")})
+        prompt = self.of(PromptEvent)
+        if prompt and prompt[0].tools is not None:
+            return prompt[0].tools
+        return sorted({e.tool for e in self.tool_calls()})
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        """The stored event objects of one kind, as written (for writers that amend them; readers use `of`)."""
         return [e for e in self.events if e["kind"] == kind]
 
     def to_dict(self) -> dict[str, Any]:

@@ -64,6 +64,16 @@ class Task:
                 "conversational": self.user_scenario is not None}
 
 
+def gold_text(gold: Any) -> str | None:
+    """A scalar gold answer as text, the one way the library writes it (an integral float without its '.0');
+    None for a structured gold (a list, a state, an action list)."""
+    if isinstance(gold, (str, int)):  # bool included
+        return str(gold)
+    if isinstance(gold, float):
+        return str(int(gold)) if gold.is_integer() else str(gold)
+    return None
+
+
 @dataclass(frozen=True)
 class Score:
     value: float

@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from ..agent.events import PromptEvent
 from ..agent.trajectory import Trajectory
 from ..envs.base import Score, Task
 from ..harness.manifest import HarnessVersion, load_harness
@@ -96,8 +97,8 @@ def scored_conversations(store: RunStore) -> list[Trajectory]:
 
 
 def _task(traj: Trajectory) -> Task:
-    prompt = traj.of_kind("prompt")
-    text = str(prompt[0].get("task", "")) if prompt else ""
+    prompt = traj.of(PromptEvent)
+    text = prompt[0].task if prompt else ""
     return Task(id=traj.task_id, split="train", prompt=text, gold="", user_scenario=RECORDED)
 
 
@@ -106,7 +107,7 @@ def _touches(m: Measurement, tasks: set[str]) -> list[str]:
 
 
 def _safe(m: Measurement) -> bool:
-    return not m.error and not m.lost and not getattr(m, "changed_passing", [])
+    return not m.error and m.safe
 
 
 async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | None = None,
@@ -146,7 +147,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
     addressed: list[str] = []
     for p in patterns:
         result.patterns.append({"id": p.id, "name": p.name, "classification": p.classification, "layer": p.layer,
-                                "conversations": p.tasks, "reason": p.reason, "facts": p.facts})
+                                "conversations": p.tasks, "reason": p.reason, "facts": p.stored_facts()})
         if p.classification != "recurring":
             continue
         own = set(p.tasks)

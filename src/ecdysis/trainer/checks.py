@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
+from ..agent.events import ActionEvent
 from ..agent.trajectory import Trajectory
-from ..envs.base import Environment, Task
+from ..envs.base import Environment, Task, gold_text
 from ..harness.manifest import HarnessError, HarnessVersion, version_from_files
 from ..sandbox.host import SandboxLimits, replay_in_sandbox
 from .rerun import EpisodeRerun, RerunOutcome
@@ -75,7 +76,7 @@ def _distinctive(gold: Any) -> list[str]:
     values = gold if isinstance(gold, list) else [gold]
     out = []
     for v in values:
-        text = str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+        text = t if (t := gold_text(v)) is not None else str(v)
         if (text.replace(".", "").isdigit() and len(text) >= 3) or (not text.isdigit() and len(text) >= 5):
             out.append(text)
     return out
@@ -85,12 +86,10 @@ def check_examples(new: HarnessVersion, train_tasks: list[Task]) -> None:
     """Retrieved labelled examples may hold training tasks with their gold answers, by design, and nothing
     else: an example whose prompt is not a training task's, or whose answer is not that task's gold, is
     refused (so no val or test text, and no test gold, can enter a harness this way)."""
-    from .implement import answer_text
-
     text = new.layer_text("examples")
     if not text:
         return
-    gold = {t.prompt: answer_text(t.gold) for t in train_tasks if t.split == "train"}
+    gold = {t.prompt: gold_text(t.gold) for t in train_tasks if t.split == "train"}
     try:
         items = json.loads(text).get("examples", [])
     except (json.JSONDecodeError, AttributeError) as exc:
@@ -189,7 +188,7 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
             rescued = sum(1 for old, new in zip(baseline[index], realized, strict=False) if _better(old, new))
             if rescued:
                 report.rescued[traj.task_id] = report.rescued.get(traj.task_id, 0) + rescued
-        original = [(e["tool"], e["input"], e.get("arguments")) for e in traj.of_kind("action")]
+        original = [(e.tool, e.input, e.arguments) for e in traj.of(ActionEvent)]
         new_actions = [(a["tool"], a["input"], a.get("arguments")) for r in realized for a in r.get("actions", [])]
         if new_actions == original and (not original or all("actions" in r for r in realized)):
             report.unchanged += 1

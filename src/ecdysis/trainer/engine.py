@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from ..agent.trajectory import INFRA_ERROR
 from ..config import Config
 from ..harness.manifest import HarnessVersion
-from ..harness.repairs import REPAIRS_FILE
 from ..workspace import Workspace
 from . import records
 from .accept import Decision, decide_on_same_tasks, rejection_certain
@@ -28,6 +27,7 @@ from .budget import AGENT_ROLES, Budget, Spend
 from .evaluation import Evaluator, Measured
 from .failures import Pattern
 from .implement import Candidate
+from .lever_catalog import edits_only_h2
 from .levers import candidate_variants, library_fallback_specs
 from .proposers import Evidence, Proposer, make_proposer
 from .records import CandidateRecord, CurvePoint, RoundRecord, SerialEdit, SpecRecord
@@ -60,10 +60,8 @@ def changes_nothing(current: HarnessVersion, built: Candidate) -> bool:
     on the evidence it acts exactly like the current harness."""
     if built.version is None or built.replay is None:
         return False
-    files = built.version.files
-    edited = {f for f in set(files) | set(current.files) if files.get(f) != current.files.get(f)}
     r = built.replay
-    return edited <= {REPAIRS_FILE, current.manifest.files.action} and not (
+    return edits_only_h2(current, built.version.files) and not (
         r.gained or r.lost or r.changed or r.changed_passing or r.rescued)
 
 

@@ -11,13 +11,32 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ..agent.events import (
+    AnnotationEvent,
+    ModelEvent,
+    ObservationEvent,
+    PromptEvent,
+    RejectionEvent,
+    RepairEvent,
+    ToolErrorEvent,
+)
 from ..agent.realize import as_reply
 from ..agent.trajectory import Trajectory
+from ..envs.base import gold_text
 from ..harness.api import ToolSpec, action_key
 from ..harness.tool_calls import calls_in_text
+from .evidence import (
+    TOOL_FAILURES,
+    Confusion,
+    FailureExample,
+    FailureFacts,
+    LabelErrors,
+    Pattern,
+    PatternFacts,
+)
 
 SNIPPET = 500
 _FILE_IN_TB = re.compile(r'File ".*?/harness/([\w./-]+)", line (\d+)')
@@ -37,17 +56,17 @@ class FailureRecord:
     last_replies: list[str]
     final_answer: str | None
     expected: str  # optimizer's eyes only, and only for training tasks
-    facts: dict[str, Any]
+    facts: FailureFacts
 
-    def evidence(self) -> dict[str, Any]:
+    def evidence(self) -> FailureExample:
         """What the optimizer roles see of this failure."""
-        return {"task_id": self.task_id, "last_reply": self.last_replies[-1] if self.last_replies else "",
-                "final_answer": self.final_answer, "expected": self.expected, "detail": self.detail,
-                "facts": self.facts}
+        return FailureExample(task_id=self.task_id, last_reply=self.last_replies[-1] if self.last_replies else "",
+                              final_answer=self.final_answer, expected=self.expected, detail=self.detail,
+                              facts=self.facts)
 
     @property
     def signature(self) -> str:
-        return f"{self.termination}|{','.join(sorted(set(self.rules))) or '-'}|{self.layer}|{self.facts['shape']}"
+        return f"{self.termination}|{','.join(sorted(set(self.rules))) or '-'}|{self.layer}|{self.facts.shape}"
 
 
 def reply_ending(reply: str) -> str:
@@ -67,11 +86,11 @@ def reply_ending(reply: str) -> str:
 
 
 def expected_text(gold: Any) -> str:
-    if isinstance(gold, float) and gold.is_integer():
-        return str(int(gold))
+    """The expected answer as the roles read it: a list's items joined, else the gold as text."""
     if isinstance(gold, list):
         return ", ".join(str(g) for g in gold)
-    return str(gold)
+    text = gold_text(gold)
+    return text if text is not None else str(gold)
 
 
 def _gold_wrapper(reply: str, expected: str) -> str | None:
@@ -85,24 +104,23 @@ def _gold_wrapper(reply: str, expected: str) -> str | None:
     return "plain"
 
 
-TOOL_FAILURES = ("unknown_tool", "invalid_arguments", "json_call_in_text", "tool_error", "repeated_call",
-                 "no_tool_call")
 _TOOL_FAILURE_LAYER = {"unknown_tool": "H2", "invalid_arguments": "H2", "json_call_in_text": "H2",
                        "tool_error": "H3", "repeated_call": "H4", "no_tool_call": "H3"}
 
 
-def tool_facts(traj: Trajectory) -> dict[str, Any]:
-    """Counts of tool-call failures in one episode (zero everywhere for episodes without schema tools)."""
-    prompt = traj.of_kind("prompt")
-    offered = [ToolSpec.from_record(t) for t in (prompt[0].get("tools") or [] if prompt else [])]
-    calls = [e for e in traj.of_kind("action") if e["tool"] not in ("answer", "respond")]
-    errors = Counter(e.get("error", "tool_error") for e in traj.of_kind("tool_error"))
-    keys = Counter(action_key(e["tool"], e.get("arguments"), e.get("input", "")) for e in calls)
-    in_text = sum(1 for r in traj.reply_records() if not r["tool_calls"] and offered
-                  and calls_in_text(as_reply(r), tuple(offered)) is not None)
+def tool_facts(traj: Trajectory) -> dict[str, int]:
+    """Counts of tool-call failures in one episode (zero everywhere for episodes without schema tools), by
+    `FailureFacts` field."""
+    prompt = traj.of(PromptEvent)
+    offered = tuple(ToolSpec.from_record(t) for t in (prompt[0].tools or [] if prompt else []))
+    calls = traj.tool_calls()
+    errors = Counter(e.error for e in traj.of(ToolErrorEvent))
+    keys = Counter(action_key(e.tool, e.arguments, e.input) for e in calls)
+    in_text = sum(1 for e in traj.of(ModelEvent) if not e.unchosen and not e.tool_calls and offered
+                  and calls_in_text(as_reply(e.reply), offered) is not None)
     schema_tools = any(t.parameters is not None for t in offered)
-    return {"tool_calls": len(calls), "unknown_tool": errors["unknown_tool"],
-            "invalid_arguments": errors["invalid_arguments"], "tool_error": errors["tool_error"],
+    by_validation = {kind: errors[kind] for kind in ("unknown_tool", "invalid_arguments", "tool_error")}
+    return {"tool_calls": len(calls), **by_validation,
             "repeated_call": sum(n - 1 for n in keys.values() if n > 1), "json_call_in_text": in_text,
             "no_tool_call": int(schema_tools and not calls)}
 
@@ -124,19 +142,14 @@ TOOL_LEVERS: dict[str, tuple[str, ...]] = {  # every tool-call failure leads som
 }
 
 
-def tool_failure(facts: dict[str, Any]) -> str | None:
-    """The first tool-call failure kind present in an episode's facts, by priority."""
-    return next((kind for kind in TOOL_FAILURES if facts.get(kind)), None)
-
-
 def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
-    models = traj.of_kind("model")
-    replies = [e["reply"] for e in models]
+    models = traj.of(ModelEvent)
+    replies = [e.reply for e in models]
     last = replies[-1] if replies else ""
     expected = expected_text(gold)
-    rules = [e["rule"] for e in traj.of_kind("rejection")]
-    truncated = any(e.get("finish_reason") == "length" for e in models)
-    tool_errors = sum(1 for e in traj.of_kind("observation") if str(e.get("text", "")).startswith("Error"))
+    rules = [e.rule for e in traj.of(RejectionEvent)]
+    truncated = any(e.truncated for e in models)
+    tool_errors = sum(1 for e in traj.of(ObservationEvent) if e.text.startswith("Error"))
     crash_file = None
     if traj.traceback:
         hits = _FILE_IN_TB.findall(traj.traceback)
@@ -151,61 +164,36 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
         layer = "infra"
     else:
         layer = "H2" if _gold_wrapper(last, expected) not in (None, "plain") else "model"
-    tools = tool_facts(traj)
-    tool_kind = tool_failure(tools)
+    facts = FailureFacts(
+        shape="", truncated=truncated, answer_parsed=traj.final_answer is not None,
+        expected_in_reply=bool(expected) and expected in last, expected_wrapper=_gold_wrapper(last, expected),
+        tool_errors=tool_errors, turns=len(models), repairs_used=[e.name for e in traj.of(RepairEvent)],
+        crash=(traj.traceback or "").strip().splitlines()[-1][:200] if traj.traceback else None,
+        crash_file=crash_file, **tool_facts(traj))
+    tool_kind = facts.tool_failure()
     if tool_kind and traj.termination in ("answered", "user_stop", "max_turns", "stopped", "done"):
         layer = _TOOL_FAILURE_LAYER[tool_kind]
-    shape = (f"tool:{tool_kind}" if tool_kind else reply_ending(last)) + ("+truncated" if truncated else "")
-    facts = {
-        "shape": shape,
-        "truncated": truncated,
-        "answer_parsed": traj.final_answer is not None,
-        "expected_in_reply": bool(expected) and expected in last,
-        "expected_wrapper": _gold_wrapper(last, expected),
-        "tool_errors": tool_errors,
-        "turns": len(models),
-        "repairs_used": [e["name"] for e in traj.of_kind("repair")],
-        "crash": (traj.traceback or "").strip().splitlines()[-1][:200] if traj.traceback else None,
-        "crash_file": crash_file,
-        **tools,
-    }
+    facts.shape = (f"tool:{tool_kind}" if tool_kind else reply_ending(last)) + ("+truncated" if truncated else "")
     return FailureRecord(
         task_id=traj.task_id, trial=traj.trial, termination=traj.termination, score=traj.score,
         detail=traj.score_detail, layer=layer, rules=rules,
-        annotations=[e["text"] for e in traj.of_kind("annotation")],
+        annotations=[e.text for e in traj.of(AnnotationEvent)],
         last_replies=[r[-SNIPPET:] for r in replies[-2:]], final_answer=traj.final_answer,
         expected=expected, facts=facts,
     )
 
 
-@dataclass
-class Pattern:
-    id: str
-    name: str
-    signatures: list[str]
-    tasks: list[str]
-    support: int  # failing trajectories
-    layer: str
-    classification: str  # recurring | isolated
-    reason: str
-    facts: dict[str, Any]
-    levers: list[str]
-    evidence: list[dict[str, Any]] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def _name(records: list[FailureRecord]) -> str:
     r = records[0]
     parts = [f"ended '{r.termination}'"]
-    kind = tool_failure(r.facts)
+    kind = r.facts.tool_failure()
     if kind:
-        parts.append(f"tool-call failure '{kind}' in {sum(1 for x in records if x.facts.get(kind))}/{len(records)}")
+        parts.append(f"tool-call failure '{kind}' in {sum(1 for x in records if getattr(x.facts, kind))}/"
+                     f"{len(records)}")
     if r.rules:
         parts.append(f"rejected by H2 rule '{Counter(x for rec in records for x in rec.rules).most_common(1)[0][0]}'")
-    parts.append(f"reply ends with {r.facts['shape'].replace('_', ' ')}")
-    inside = sum(1 for x in records if x.facts["expected_in_reply"])
+    parts.append(f"reply ends with {r.facts.shape.replace('_', ' ')}")
+    inside = sum(1 for x in records if x.facts.expected_in_reply)
     if inside:
         parts.append(f"expected answer present in {inside}/{len(records)} replies")
     return "; ".join(parts)
@@ -217,16 +205,16 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
     n = len(records)
     majority = lambda count: count * 2 > n  # noqa: E731
     levers: list[str] = []
-    unparsed = majority(sum(not r.facts["answer_parsed"] for r in records))
+    unparsed = majority(sum(not r.facts.answer_parsed for r in records))
     if unparsed and majority(sum(bool(r.rules) for r in records)):
         levers.append("H2 rejected the replies: see the measured repairs; otherwise an H3 rule + demo showing the "
                       "required final format")
-    if majority(sum(r.facts["truncated"] for r in records)):
+    if majority(sum(r.facts.truncated for r in records)):
         levers.append("set_max_tokens up, or an H3 rule asking for brevity")
-    if majority(sum(r.facts["tool_errors"] > 0 for r in records)):
+    if majority(sum(r.facts.tool_errors > 0 for r in records)):
         levers.append("H3 rule or H5 skill about the tool's syntax or preconditions named in the error texts; "
                       "enable_repair error_answer when the answers restate the error")
-    tool_kinds = Counter(tool_failure(r.facts) for r in records)
+    tool_kinds = Counter(r.facts.tool_failure() for r in records)
     if majority(sum(r.termination in ("stopped", "max_turns") for r in records)) and not any(
             k for k in tool_kinds if k):
         levers.append("H4 budget/loop handling or an H3 rule on when to answer")
@@ -234,7 +222,7 @@ def suggest_levers(records: list[FailureRecord]) -> list[str]:
         if tool_kinds[kind] and (majority(tool_kinds[kind]) or tool_kinds.most_common(1)[0][0] == kind):
             levers.extend(TOOL_LEVERS[kind])
     if not unparsed and not any(k for k in tool_kinds if k) and not majority(
-            sum(r.facts["expected_in_reply"] for r in records)):
+            sum(r.facts.expected_in_reply for r in records)):
         levers.append("the answer was parsed but is wrong: a reasoning error of the model (model-level); only a "
                       "general rule (e.g. 'check each step') or a demonstration can help, tested by acceptance")
     if not levers:
@@ -247,23 +235,21 @@ def _label_like(text: str | None) -> bool:
 
 
 def confusion_facts(records: list[FailureRecord], expected_of: dict[str, str] | None = None,
-                    top: int = 5) -> dict[str, Any]:
+                    top: int = 5) -> tuple[list[Confusion], dict[str, LabelErrors]] | None:
     """Across failures whose answers parsed: which expected answers were given which wrong answers (the top
     pairs) and per expected answer how many tasks failed (of how many training tasks have it, when
-    `expected_of` maps every training task to its expected answer). Empty unless the answers look like labels."""
+    `expected_of` maps every training task to its expected answer). None unless the answers look like labels."""
     parsed = [r for r in records if r.final_answer is not None and _label_like(r.expected)]
     if len(parsed) < 2 or not all(_label_like(r.final_answer) for r in parsed):
-        return {}
+        return None
     pairs = Counter((r.expected, r.final_answer.strip()) for r in parsed)  # type: ignore[union-attr]
     totals = Counter(expected_of.values()) if expected_of else None
     failing: dict[str, set[str]] = defaultdict(set)
     for r in parsed:
         failing[r.expected].add(r.task_id)
-    return {
-        "confusions": [{"expected": e, "given": g, "n": n} for (e, g), n in pairs.most_common(top)],
-        "label_errors": {label: {"errors": len(ids), "tasks": totals[label] if totals else None}
-                         for label, ids in sorted(failing.items())},
-    }
+    return ([Confusion(expected=e, given=g, n=n) for (e, g), n in pairs.most_common(top)],
+            {label: LabelErrors(errors=len(ids), tasks=totals[label] if totals else None)
+             for label, ids in sorted(failing.items())})
 
 
 def _tokens(signature: str) -> set[str]:
@@ -311,17 +297,17 @@ def aggregate(records: list[FailureRecord], outcomes: dict[str, tuple[int, int]]
         else:
             classification = "isolated"
             reason = "seen in one task only: likely model-specific"
-        facts = {
-            "tasks": len(tasks),
-            "expected_in_reply": sum(r.facts["expected_in_reply"] for r in bucket),
-            "expected_wrapper": dict(Counter(str(r.facts["expected_wrapper"]) for r in bucket)),
-            "truncated": sum(r.facts["truncated"] for r in bucket),
-            "answer_parsed": sum(r.facts["answer_parsed"] for r in bucket),
-            "rules": dict(Counter(x for r in bucket for x in r.rules)),
-            "failures": len(bucket),
-            "tool_failures": {k: v for k in TOOL_FAILURES if (v := sum(1 for r in bucket if r.facts.get(k)))},
-            **confusion_facts(bucket, expected_of),
-        }
+        confusions, label_errors = confusion_facts(bucket, expected_of) or (None, None)
+        facts = PatternFacts(
+            tasks=len(tasks),
+            expected_in_reply=sum(r.facts.expected_in_reply for r in bucket),
+            expected_wrapper=dict(Counter(str(r.facts.expected_wrapper) for r in bucket)),
+            truncated=sum(r.facts.truncated for r in bucket),
+            answer_parsed=sum(r.facts.answer_parsed for r in bucket),
+            rules=dict(Counter(x for r in bucket for x in r.rules)),
+            failures=len(bucket),
+            tool_failures={k: v for k in TOOL_FAILURES if (v := sum(1 for r in bucket if getattr(r.facts, k)))},
+            confusions=confusions, label_errors=label_errors)
         evidence = [r.evidence() for r in bucket[:max_evidence]]
         patterns.append(Pattern(
             id=f"P{index}", name=_name(bucket), signatures=sigs, tasks=tasks, support=len(bucket),

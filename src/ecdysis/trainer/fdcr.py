@@ -16,13 +16,13 @@ from typing import Any
 
 from ..config import RolesSection
 from ..harness.manifest import HarnessVersion
-from ..harness.repairs import CATALOG as REPAIRS
 from ..harness.repairs import REPAIRS_FILE
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
-from .failures import Pattern
-from .levers import enabled_repairs, repairs_of, verified
+from .evidence import Pattern
+from .lever_catalog import levers_text
+from .levers import enabled_repairs
 from .spec import Change, HarnessSpec, SpecError, max_items, parse_spec, salvage_spec, spec_json_schema
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
@@ -57,69 +57,49 @@ def harness_summary(version: HarnessVersion) -> str:
 
 def _measured_text(p: Pattern) -> list[str]:
     lines = []
-    measured = p.facts.get("measured_levers") or []
-    if measured:
+    if p.measured:
         lines.append("  MEASURED on the stored replies (replayed, zero model calls; enable a combination by its "
                      "whole id, e.g. repair \"a+b\"):")
-        for m in measured:
-            changed = (f", {m['changed_failing']} failing episode(s) act differently (outcome needs agent runs)"
-                       if m.get("changed_failing") else "")
-            passing = f", {m['changed_passing']} passing episode(s) act differently" if m.get("changed_passing") else ""
-            lines.append(f"    {m['lever']}: +{m['gained']} task(s) of this pattern, -{m['lost']} passing task(s) "
-                         f"lost, {m['rescued_replies']} rejected repl(ies) now accepted{changed}{passing}")
-    elif "measured_levers" in p.facts:
+        for m in p.measured:
+            changed = (f", {m.changed_failing} failing episode(s) act differently (outcome needs agent runs)"
+                       if m.changed_failing else "")
+            passing = f", {m.changed_passing} passing episode(s) act differently" if m.changed_passing else ""
+            lines.append(f"    {m.lever}: +{m.gained} task(s) of this pattern, -{m.lost} passing task(s) "
+                         f"lost, {m.rescued_replies} rejected repl(ies) now accepted{changed}{passing}")
+    elif p.measured is not None:
         lines.append("  MEASURED: no built-in repair gains a task of this pattern (do not propose one)")
-    if p.facts.get("needs_model_calls"):
+    if p.needs_model_calls:
         lines.append(f"  NOT measurable without agent runs (each costs one evaluation of {len(p.tasks)} tasks): "
-                     + "; ".join(p.facts["needs_model_calls"][:3]))
+                     + "; ".join(p.needs_model_calls[:3]))
     return lines
 
 
 def patterns_text(patterns: list[Pattern], max_evidence: int = 2) -> str:
     """Recurring patterns, ranked by what the harness can fix (the order the roles should follow)."""
-    recurring = [p for p in patterns if p.classification == "recurring"]
+    recurring = [p for p in patterns if p.recurring]
     lines: list[str] = []
     for p in recurring:
-        fixable = p.facts.get("fixable_by", "")
+        fixable = p.fixable_by or ""
         lines.append(f"{p.id} ({p.layer}, {len(p.tasks)} tasks, {p.support} failures"
                      f"{', fixable by: ' + fixable if fixable else ''}): {p.name}")
-        hidden = ("measured_levers", "needs_model_calls", "fixable_by", "confusions", "label_errors")
-        facts = {k: v for k, v in p.facts.items() if k not in hidden}
-        lines.append(f"  facts: {json.dumps(facts)}")
-        if p.facts.get("confusions"):
-            pairs = "; ".join(f"expected {c['expected']!r} -> answered {c['given']!r} ({c['n']}x)"
-                              for c in p.facts["confusions"][:5])
+        lines.append(f"  facts: {json.dumps(p.prompt_facts())}")
+        if p.confusions:
+            pairs = "; ".join(f"expected {c.expected!r} -> answered {c.given!r} ({c.n}x)" for c in p.confusions[:5])
             lines.append(f"  CONFUSIONS (most frequent wrong answers): {pairs}")
-        if p.facts.get("label_errors"):
-            worst = sorted(p.facts["label_errors"].items(), key=lambda kv: -kv[1]["errors"])[:6]
+        if p.label_errors:
+            worst = sorted(p.label_errors.items(), key=lambda kv: -kv[1].errors)[:6]
             lines.append("  errors per expected answer: " + ", ".join(
-                f"{label} {v['errors']}/{v['tasks']}" for label, v in worst))
+                f"{label} {v.errors}/{v.tasks}" for label, v in worst))
         lines.extend(_measured_text(p))
         lines.append(f"  other levers: {'; '.join(p.levers)}")
         for ev in p.evidence[:max_evidence]:
-            reply = ev["last_reply"][-300:].replace("\n", " ")
-            lines.append(f"  example: reply ends '...{reply}' | parsed answer={ev['final_answer']!r} | {ev['detail']}")
-    isolated = [p for p in patterns if p.classification != "recurring"]
+            reply = ev.last_reply[-300:].replace("\n", " ")
+            lines.append(f"  example: reply ends '...{reply}' | parsed answer={ev.final_answer!r} | {ev.detail}")
+    isolated = [p for p in patterns if not p.recurring]
     if isolated:
         lines.append(f"(+{len(isolated)} isolated patterns, {sum(p.support for p in isolated)} failures: "
                      "likely model-specific, do not patch them)")
     return "\n".join(lines) or "(none)"
-
-
-def levers_text() -> str:
-    repairs = "\n".join(f"  - {name}: {r.description}" for name, r in REPAIRS.items())
-    return (
-        "- enable_repair (H2): turn on a built-in parser fallback by name (or a MEASURED combination by its id):\n"
-        + repairs + "\n"
-        "- add_rule (H3): one sentence added to the system prompt (e.g. one that tells two confused answers apart)\n"
-        "- add_demo (H5): the library adds a worked example from a passing training task (tool calls included)\n"
-        "- add_examples (H5, value = k): each task is shown the k most similar training tasks with their correct "
-        "answers (for answers that parse but are wrong)\n"
-        "- add_skill (H5): a short tip retrieved for matching tasks\n"
-        "- set_samples (value = n, 3-9): sample n answers and keep the majority (costs n x agent tokens)\n"
-        "- set_max_tokens: change the reply length limit\n"
-        "- edit_code (H2/H4): rewrite action.py or regulate.py (risky; verified by replay)"
-    )
 
 
 def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
@@ -128,22 +108,20 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
     enabled = enabled_repairs(spec)
     said = " ".join(c.rationale for c in spec.changes) + " " + spec.implementation_notes
     for p in patterns:
-        best = verified(p) if p.classification == "recurring" else None
+        best = p.verified_lever() if p.recurring else None
         if best is None:
             continue
-        names = repairs_of(best)
-        if not set(names) & enabled and not re.search(rf"\b{p.id}\b", said):
-            return (f"{p.id} has a measured lever that gains {best['gained']} task(s) and loses none "
-                    f"({best['lever']}); include it, or say in a rationale why {p.id} should not get it")
+        if not set(best.repairs) & enabled and not re.search(rf"\b{p.id}\b", said):
+            return (f"{p.id} has a measured lever that gains {best.gained} task(s) and loses none "
+                    f"({best.lever}); include it, or say in a rationale why {p.id} should not get it")
     return None
 
 
 def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
     """The reason to send a spec back once: it enables a repair whose replay gained nothing for any pattern."""
-    if not any("measured_levers" in p.facts for p in patterns):
+    if all(p.measured is None for p in patterns):
         return None  # nothing was measured (e.g. replay unavailable)
-    useful = {name for p in patterns for m in p.facts.get("measured_levers", [])
-              for name in repairs_of(m)}
+    useful = {name for p in patterns for m in p.measured or [] for name in m.repairs}
     useless = [c.repair for c in spec.changes if c.kind == "enable_repair"
                and any(n not in useful for n in c.repair.split("+"))]
     if not useless:
@@ -155,7 +133,7 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
 def library_spec(patterns: list[Pattern]) -> HarnessSpec | None:
     """When no valid spec came out of the roles: an empty spec for the first recurring pattern with a
     measured zero-loss lever (which `with_verified_levers` then fills in), else None."""
-    target = next((p for p in patterns if p.classification == "recurring" and verified(p)), None)
+    target = next((p for p in patterns if p.recurring and p.verified_lever()), None)
     if target is None:
         return None
     return HarnessSpec.model_construct(patterns_addressed=[target.id], changes=[], skills=[],
@@ -170,12 +148,12 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
     limit = max_items("changes")
     while (reason := ignored_verified_lever(spec, patterns)) is not None:
         p = next(p for p in patterns if reason.startswith(p.id + " "))
-        best = verified(p)
+        best = p.verified_lever()
         assert best is not None
-        names = repairs_of(best)  # the whole measured combination, exactly as measured
+        names = best.repairs  # the whole measured combination, exactly as measured
         change = Change(layer="H2", kind="enable_repair", repair="+".join(names), text="",
                         rationale=f"{p.id}: added by the library, measured on the stored replies "
-                                  f"(+{best['gained']} task(s), 0 lost)")
+                                  f"(+{best.gained} task(s), 0 lost)")
         changes = [*spec.changes, change] if len(spec.changes) < limit else [*spec.changes[:-1], change]
         spec = spec.model_copy(update={"changes": changes,
                                        "patterns_addressed": sorted({*spec.patterns_addressed, p.id})})
@@ -235,13 +213,12 @@ class SpecWriter:
         said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript)
         writer = "moderator" if debate else "analyst"
         prompt = render_role("moderator" if debate else "single_analyst", transcript=said or "(none)", **context)
-        ids = {p.id for p in patterns if p.classification == "recurring"}
+        ids = {p.id for p in patterns if p.recurring}
         raw: list[str] = []
         history: list[Message] = []
         error = ""
         for attempt in range(2):  # the spec, then one repair with the error shown
-            combinations = tuple(sorted({"+".join(repairs_of(m)) for p in patterns
-                                         for m in p.facts.get("measured_levers", [])}))
+            combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
             text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations), history=history)
             raw.append(text)
             try:

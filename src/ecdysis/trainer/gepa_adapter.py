@@ -24,7 +24,7 @@ from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..runner.runner import Runner
 from .checks import CheckFailed, check_static
-from .failures import TOOL_FAILURES, failure_record
+from .failures import failure_record
 
 T = TypeVar("T")
 ARM = "gepa"
@@ -135,18 +135,18 @@ def feedback(traj: Trajectory, task: Task, with_gold: bool) -> str:
     parts = [f"Incorrect (score {traj.score:.2f}); the episode ended as '{traj.termination}'."]
     if with_gold:
         parts.append(f"Expected answer: {rec.expected}. Answer extracted by the harness: {traj.final_answer!r}.")
-        if f["expected_in_reply"]:
-            parts.append(f"The expected answer is in the reply (wrapped as {f['expected_wrapper']}) but was not "
+        if f.expected_in_reply:
+            parts.append(f"The expected answer is in the reply (wrapped as {f.expected_wrapper}) but was not "
                          "given as the final answer in the required format.")
     if traj.score_detail:
         parts.append(f"Grader: {traj.score_detail[:300]}")
-    if f["truncated"]:
+    if f.truncated:
         parts.append("The reply was cut off at the token limit.")
     if rec.rules:
         parts.append(f"Rejected by the harness rule(s): {', '.join(sorted(set(rec.rules)))}.")
-    parts += [f"Tool-call problem: {kind} x{f[kind]}." for kind in TOOL_FAILURES if f.get(kind)]
-    if f["crash"]:
-        parts.append(f"Crash: {f['crash']}")
+    parts += [f"Tool-call problem: {kind} x{n}." for kind, n in f.tool_failures().items()]
+    if f.crash:
+        parts.append(f"Crash: {f.crash}")
     return " ".join(parts)
 
 

@@ -1,8 +1,9 @@
 """Turn one spec into a checked candidate harness.
 
-Text and JSON levers (rules, repairs, skills, demos, max_tokens) are applied deterministically.
-`edit_code` changes go to the implementer model, which returns whole files as JSON; several samples
-are drawn and the first that passes every check wins (failed checks are shown to the next sample).
+The levers the catalog applies itself (rules, repairs, skills, demos, examples, generation settings: see
+`lever_catalog.py`) are applied deterministically. Code changes (`edit_code`) go to the implementer model,
+which returns whole files as JSON; several samples are drawn and the first that passes every check wins
+(failed checks are shown to the next sample).
 An external coding-agent command may be used instead: it runs in a copy of the harness directory
 with the spec in SPEC.json, confined by bubblewrap (that copy is all it can write; no network unless
 configured; only the host variables it is given) and killed after its timeout. Without bubblewrap it is
@@ -26,8 +27,7 @@ from rich.console import Console
 
 from ..agent.trajectory import Trajectory
 from ..envs.base import Environment, Task
-from ..harness.manifest import HarnessFileError, HarnessVersion, load_harness, set_manifest_value
-from ..harness.repairs import REPAIRS_FILE
+from ..harness.manifest import HarnessFileError, HarnessVersion, load_harness
 from ..harness.skills import Skill, retrieve
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
@@ -35,6 +35,7 @@ from ..sandbox.confine import bwrap_path, confine_tool_argv
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
 from .fdcr import render
+from .lever_catalog import LEVERS, Draft, edits_only_h2
 from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
 
@@ -58,128 +59,20 @@ class Candidate:
     error: str = ""
 
 
-def _made_calls(traj: Trajectory) -> bool:
-    return any(e["tool"] not in ("answer", "respond") for e in traj.of_kind("action"))
-
-
-def _demo_of(traj: Trajectory, tasks: dict[str, Task]) -> list[dict[str, Any]] | None:
-    """One passing episode as demonstration items, or None if it would show an empty assistant turn."""
-    if _made_calls(traj) or tasks[traj.task_id].user_scenario is not None:
-        messages = [m for m in traj.conversation if m.get("role") in ("user", "assistant", "tool")]
-        if not messages or any(m["role"] == "assistant" and not (m.get("content") or "").strip()
-                               and not m.get("tool_calls") for m in messages):
-            return None
-        return [{"messages": messages}]  # the calls and their results as real messages
-    turns: list[dict[str, Any]] = []
-    user = tasks[traj.task_id].prompt
-    observations = iter(e["text"] for e in traj.of_kind("observation"))
-    for reply in traj.replies():
-        if not reply.strip():
-            return None
-        turns.append({"user": user, "assistant": reply})
-        user = next(observations, "")
-    return turns or None
-
-
-def bootstrap_demo(trajectories: list[Trajectory], tasks: dict[str, Task]) -> list[dict[str, Any]] | None:
-    """A worked example from the shortest passing training trajectory: user/assistant turns for text episodes;
-    for tool and conversation episodes the whole exchange as messages (assistant calls, tool results).
-    A demonstration with an empty assistant turn is never returned."""
-    passing = sorted((t for t in trajectories if t.passed and t.replies() and t.task_id in tasks),
-                     key=lambda t: sum(map(len, t.replies())))
-    return next((demo for t in passing if (demo := _demo_of(t, tasks)) is not None), None)
-
-
-def answer_text(gold: Any) -> str | None:
-    """A gold answer as an example shows it; None for structured golds (states, action lists)."""
-    if isinstance(gold, bool) or isinstance(gold, (str, int)):
-        return str(gold)
-    if isinstance(gold, float):
-        return str(int(gold)) if gold.is_integer() else str(gold)
-    return None
-
-
-def example_format(trajectories: list[Trajectory]) -> str:
-    """How an example's answer is written: a passing reply's last line with its answer as `{answer}`."""
-    for t in sorted((t for t in trajectories if t.passed and t.final_answer and t.replies()),
-                    key=lambda t: len(t.replies()[-1])):
-        lines = [line for line in t.replies()[-1].strip().splitlines() if line.strip()]
-        if lines and t.final_answer and t.final_answer in lines[-1]:
-            return lines[-1].replace(t.final_answer, "{answer}", 1)
-    return "Answer: {answer}"
-
-
-def examples_file(tasks: dict[str, Task], trajectories: list[Trajectory], k: int) -> str | None:
-    """`examples.json` from the training tasks given (the train split only) with their gold answers."""
-    items = [{"prompt": t.prompt, "answer": a} for t in tasks.values() if t.split == "train"
-             and (a := answer_text(t.gold)) is not None]
-    if not items:
-        return None
-    return json.dumps({"k": k, "retriever": "bm25", "format": example_format(trajectories), "examples": items},
-                      indent=1) + "\n"
-
-
 def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
                      tasks: dict[str, Task]) -> tuple[dict[str, str], list[str]]:
-    """Apply every non-code change. Returns (files, notes on what was applied or skipped)."""
-    files = dict(current.files)
-    notes: list[str] = []
-    contract = current.manifest.files.contract or "contract.md"
-    skills_file = current.manifest.files.skills or "skills.json"
-    demos_file = current.manifest.files.demos or "demos.json"
-
-    def skills() -> list[dict[str, str]]:
-        return json.loads(files.get(skills_file) or "[]")
-
-    for change in spec.changes:
-        if change.kind == "add_rule":
-            text = change.text.strip()
-            if text not in files.get(contract, ""):
-                files[contract] = files.get(contract, "").rstrip() + "\n" + text + "\n"
-            notes.append(f"H3 rule added to {contract}")
-        elif change.kind == "enable_repair":
-            enabled = json.loads(files.get(REPAIRS_FILE) or "[]")
-            names = [n for n in change.repair.split("+") if n]
-            enabled += [n for n in names if n not in enabled]
-            files[REPAIRS_FILE] = json.dumps(enabled) + "\n"
-            notes.append(f"H2 repair(s) {'+'.join(names)} enabled")
-        elif change.kind == "add_examples":
-            k = change.value or 3
-            text = examples_file(tasks, trajectories, k)
-            if text is None:
-                notes.append("add_examples skipped: no training task has a plain gold answer")
-                continue
-            files[current.manifest.files.examples or "examples.json"] = text
-            notes.append(f"H5 retrieved labelled examples: {k} per task from {len(json.loads(text)['examples'])} "
-                         "training tasks")
-        elif change.kind == "set_samples":
-            files["harness.toml"] = set_manifest_value(files["harness.toml"], "generation", "samples", change.value)
-            notes.append(f"generation.samples = {change.value} (self-consistency; up to {change.value}x agent tokens)")
-        elif change.kind == "add_skill":
-            items = skills()
-            items.append({"id": f"s{len(items) + 1}", "trigger": "*", "tip": change.text.strip()})
-            files[skills_file] = json.dumps(items, indent=1) + "\n"
-            notes.append("H5 skill added")
-        elif change.kind == "add_demo":
-            demo = bootstrap_demo(trajectories, tasks)
-            if demo is None:
-                notes.append("add_demo skipped: no passing training trajectory to learn from")
-                continue
-            existing = json.loads(files.get(demos_file) or "[]")
-            if all(turn in existing for turn in demo):
-                notes.append("add_demo skipped: that demonstration is already in the harness")
-                continue
-            files[demos_file] = json.dumps(existing + demo, indent=1) + "\n"
-            notes.append(f"H5 demo bootstrapped ({len(demo)} turn(s))")
-        elif change.kind == "set_max_tokens":
-            files["harness.toml"] = set_manifest_value(files["harness.toml"], "generation", "max_tokens", change.value)
-            notes.append(f"generation.max_tokens = {change.value}")
+    """Apply every change the catalog applies itself (all but code) and the spec's skills. Returns (files,
+    notes on what was applied or skipped)."""
+    draft = Draft(current, dict(current.files), trajectories, tasks)
+    notes = [lever.apply(draft, change) for change in spec.changes if (lever := LEVERS[change.kind]).apply]
+    files = draft.files
+    skills_file = draft.layer_file("skills", "skills.json")
     for skill in spec.skills:
         candidate = Skill(skill.id, skill.trigger or "*", skill.tip)
         if candidate.trigger != "*" and not any(retrieve([candidate], t.prompt, 1) for t in tasks.values()):
             notes.append(f"H5 skill {skill.id} dropped: its trigger {skill.trigger!r} matches no training task")
             continue
-        items = skills()
+        items = json.loads(files.get(skills_file) or "[]")
         items.append({"id": skill.id or f"s{len(items) + 1}", "trigger": candidate.trigger, "tip": skill.tip})
         files[skills_file] = json.dumps(items, indent=1) + "\n"
         notes.append(f"H5 skill {skill.id} added")
@@ -321,7 +214,7 @@ class Implementer:
                     single_turn: bool) -> Candidate:
         tasks = {t.id: t for t in self.train_tasks}
         base_files, notes = apply_structured(current, spec, trajectories, tasks)
-        code_changes = [c for c in spec.changes if c.kind == "edit_code"]
+        code_changes = [c for c in spec.changes if not LEVERS[c.kind].apply]  # the implementer writes these
         examples = [r for t in trajectories if not t.passed for r in t.replies()[-1:]]
         candidate = Candidate(None, applied=notes)
         if self.external:  # refused before any sample when it could only run unconfined without consent
@@ -338,10 +231,7 @@ class Implementer:
                 version = check_static(current, files, self.train_tasks)
                 if version.id == current.id:
                     raise CheckFailed("the candidate is identical to the current harness")
-                deterministic = set(version.files) - set(current.files) <= {REPAIRS_FILE} and all(
-                    version.files[f] == current.files.get(f) for f in version.files
-                    if f not in (REPAIRS_FILE, current.manifest.files.action))
-                if deterministic:
+                if edits_only_h2(current, version.files):
                     candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits,
                                                           single_turn, self.rerun)
                 candidate.version = version

@@ -21,12 +21,12 @@ from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG, REPAIRS_FILE
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, replay_report
-from .failures import Pattern
+from .evidence import AnswerSetFact, LeverEffect, Pattern
+from .lever_catalog import DEFAULT_EXAMPLES, LEVERS
 from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
 
 HARNESS_LAYERS = ("H2", "H3", "H4", "H5", "loop")
-DEFAULT_EXAMPLES = 3  # retrieved labelled examples per task
 STEP_CHECK_RULE = "Before you give your final answer, check each step of your work once."
 
 
@@ -46,6 +46,27 @@ class Measurement:
     @property
     def lever(self) -> str:
         return "enable_repair " + "+".join(self.repairs)
+
+    def effect(self, on: set[str] | None = None) -> LeverEffect:
+        """Its effect on the tasks `on` (every task when None): the tasks it gains, the rejected replies it
+        rescues and the failing episodes it changes among them; passing tasks it loses or changes anywhere."""
+        def inside(ids: list[str]) -> int:
+            return len(set(ids) if on is None else on & set(ids))
+
+        return LeverEffect(lever=self.lever, repairs=list(self.repairs), gained=inside(self.gained),
+                           lost=len(self.lost), changed_failing=inside(self.changed),
+                           rescued_replies=sum(n for t, n in self.rescued.items() if on is None or t in on),
+                           changed_passing=len(self.changed_passing), model_calls=0)
+
+    @property
+    def safe(self) -> bool:
+        """Over the whole evaluation: no passing task lost or acting differently."""
+        return self.effect().safe
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Measurement:
+        """A stored measurement (`measurement_records`) read back."""
+        return cls(**{k: v for k, v in record.items() if k in cls.__dataclass_fields__})
 
 
 def _with_repairs(current: HarnessVersion, names: list[str]) -> HarnessVersion:
@@ -83,8 +104,7 @@ async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory
     for name in CATALOG:
         if name not in enabled:
             out.append(await measure([name]))
-    useful = [m.repairs[0] for m in out if (m.gained or m.rescued or m.changed) and not m.lost
-              and not m.changed_passing]
+    useful = [m.repairs[0] for m in out if (effect := m.effect()).acts and effect.safe]
     if len(useful) >= 2:
         out.append(await measure(useful))
     return out
@@ -94,64 +114,32 @@ def attach(patterns: list[Pattern], measurements: list[Measurement], trajectorie
            tasks: dict[str, Task]) -> list[Pattern]:
     """Put each pattern's measured levers (and the model-call levers) into its facts; rank and renumber."""
     for p in patterns:
-        own = set(p.tasks)
-        measured = []
-        for m in measurements:
-            gained = sorted(own & set(m.gained))
-            rescued = sum(n for t, n in m.rescued.items() if t in own)
-            changed = sorted(own & set(m.changed))
-            if gained or rescued or changed:
-                measured.append({"lever": m.lever, "repairs": list(m.repairs), "gained": len(gained),
-                                 "lost": len(m.lost), "rescued_replies": rescued, "changed_failing": len(changed),
-                                 "changed_passing": len(m.changed_passing), "model_calls": 0})
-        measured.sort(key=lambda x: (-x["gained"], x["lost"] + x["changed_passing"], -x["changed_failing"],
-                                     -x["rescued_replies"], len(x["repairs"])))
-        p.facts["measured_levers"] = measured[:4]
+        effects = [e for m in measurements if (e := m.effect(set(p.tasks))).acts]
+        p.measured = sorted(effects, key=LeverEffect.order)[:4]
         labels = {str(c) for t in p.tasks if t in tasks for c in tasks[t].public.get("choices") or ()}
         answer_set = next((m for m in measurements if m.repairs == ["answer_set"]), None)
         if labels and answer_set is not None:  # declared answer set, constraint not enabled yet
-            lost = len(answer_set.lost) + len(answer_set.changed_passing)
-            p.facts["answer_set"] = {"labels": len(labels), "lost": lost}
-        p.facts["needs_model_calls"] = model_call_levers(p, trajectories, tasks)
+            overall = answer_set.effect()
+            p.answer_set = AnswerSetFact(labels=len(labels), lost=overall.lost + overall.changed_passing)
+        p.needs_model_calls = model_call_levers(p, trajectories, tasks)
     return rank(patterns)
-
-
-def repairs_of(measured: dict[str, Any]) -> list[str]:
-    """The repair names of a measured lever entry ("enable_repair a+b" -> ["a", "b"]): exactly what it measured."""
-    return list(measured.get("repairs") or measured["lever"].removeprefix("enable_repair ").split("+"))
-
-
-def _safe(m: dict[str, Any]) -> bool:
-    return m["lost"] == 0 and m.get("changed_passing", 0) == 0
-
-
-def verified(p: Pattern) -> dict[str, Any] | None:
-    """The pattern's best measured lever that gains tasks (graded exactly) and loses none, if any."""
-    return next((m for m in p.facts.get("measured_levers", []) if m["gained"] > 0 and _safe(m)), None)
-
-
-def measured_candidate(p: Pattern) -> dict[str, Any] | None:
-    """The pattern's best lever that changes only failing episodes and loses none: verified, or (for episodes
-    replay cannot grade to the end) one whose effect on the changed failing episodes needs agent runs."""
-    return verified(p) or next((m for m in p.facts.get("measured_levers", [])
-                                if m.get("changed_failing", 0) > 0 and _safe(m)), None)
 
 
 def rank(patterns: list[Pattern]) -> list[Pattern]:
     """Recurring patterns first: verified harness gains, then harness-layer causes, then model-level;
     within a class by number of tasks. Ids are renumbered P1, P2, ... in that order."""
     def key(p: Pattern) -> tuple[int, int, int]:
-        v = measured_candidate(p)
+        v = p.candidate_lever()
         cls = 0 if v else 1 if p.layer in HARNESS_LAYERS else 2
-        return (p.classification != "recurring", cls, -(v["gained"] + v["changed_failing"] if v else len(p.tasks)))
+        return (not p.recurring, cls, -(v.gained + v.changed_failing if v else len(p.tasks)))
 
     ordered = sorted(patterns, key=key)
     for index, p in enumerate(ordered, 1):
         p.id = f"P{index}"
-        p.facts["fixable_by"] = ("verified harness lever" if verified(p) else
-                                 "measured harness lever (changes only failing episodes)" if measured_candidate(p)
-                                 else "harness layer" if p.layer in HARNESS_LAYERS
-                                 else "model-level (reasoning/knowledge)")
+        p.fixable_by = ("verified harness lever" if p.verified_lever() else
+                        "measured harness lever (changes only failing episodes)" if p.candidate_lever()
+                        else "harness layer" if p.layer in HARNESS_LAYERS
+                        else "model-level (reasoning/knowledge)")
     return ordered
 
 
@@ -159,28 +147,27 @@ def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[st
     """Levers whose effect only agent runs can show (each costs one evaluation of the pattern's tasks).
     Phrased as descriptions, not as rule text, so small models do not copy them into a rule."""
     out: list[str] = []
-    tool_kinds = set(p.facts.get("tool_failures") or {})
+    tool_kinds = set(p.tool_failures)
     if tool_kinds:
         demo = demo_source(p, trajectories, tasks, with_calls=True)
         if demo:
             out.append(f"a demonstration of a native tool call, bootstrapped from passing training task {demo}")
         if tool_kinds & {"json_call_in_text", "no_tool_call"}:
             out.append("a rule that tools are called through the function-calling API, never written as text")
-    if p.facts.get("rules"):
+    if p.rules:
         out.append("a second try after a rejection (more turns; the feedback already goes to the model)")
-    if p.facts.get("truncated"):
-        out.append("a higher token limit")
-    if not tool_kinds and (p.layer == "model" or p.facts.get("answer_parsed", 0) >= max(1, p.support // 2)):
-        out.append("add_examples: the k training tasks most similar to each task, with their gold answers, "
-                   "shown as worked examples (retrieved per task)")
-        if p.facts.get("confusions"):
-            top = p.facts["confusions"][0]
-            out.append(f"a rule that tells {top['expected']!r} from {top['given']!r} apart (the most confused pair)")
+    if p.facts.truncated:
+        out.append(LEVERS["set_max_tokens"].hint)
+    if not tool_kinds and (p.layer == "model" or p.facts.answer_parsed >= max(1, p.support // 2)):
+        out.append(LEVERS["add_examples"].hint)
+        if p.confusions:
+            top = p.confusions[0]
+            out.append(f"a rule that tells {top.expected!r} from {top.given!r} apart (the most confused pair)")
         demo = demo_source(p, trajectories, tasks)
         if demo:
             out.append(f"a demonstration the library bootstraps from passing training task {demo} (same kind)")
         out.append(f"a general step-checking rule, e.g. \"{STEP_CHECK_RULE}\"")
-        out.append("set_samples: sample n answers and keep the majority (costs n x agent tokens)")
+        out.append(LEVERS["set_samples"].hint)
     out.append("a rule or tip about the cause, written to the agent")
     return out
 
@@ -191,7 +178,7 @@ def demo_source(p: Pattern, trajectories: list[Trajectory], tasks: dict[str, Tas
     `with_calls`: one whose episode made a tool call."""
     kinds = {tasks[t].meta.get("type") for t in p.tasks if t in tasks}
     passing = sorted((t for t in trajectories if t.passed and t.task_id in tasks and (
-        not with_calls or any(e["tool"] not in ("answer", "respond") for e in t.of_kind("action")))),
+        not with_calls or t.tool_calls())),
         key=lambda t: sum(map(len, t.replies())))
     for t in passing:
         if tasks[t.task_id].meta.get("type") in kinds:
@@ -206,11 +193,10 @@ def measurement_records(measurements: list[Measurement]) -> list[dict[str, Any]]
 def library_demo_spec(patterns: list[Pattern]) -> HarnessSpec | None:
     """The library's model-level candidate when no recurring pattern has a measured lever left: one
     demonstration bootstrapped from a passing training task (the pattern's `needs_model_calls` names it)."""
-    recurring = [p for p in patterns if p.classification == "recurring"]
-    if not recurring or any(verified(p) for p in recurring):
+    recurring = [p for p in patterns if p.recurring]
+    if not recurring or any(p.verified_lever() for p in recurring):
         return None
-    target = next((p for p in recurring if any("demonstration" in x for x in p.facts.get("needs_model_calls", []))),
-                  None)
+    target = next((p for p in recurring if any("demonstration" in x for x in p.needs_model_calls)), None)
     if target is None:
         return None
     change = Change(layer="H5", kind="add_demo", text="a worked example from a passing training task",
@@ -219,12 +205,11 @@ def library_demo_spec(patterns: list[Pattern]) -> HarnessSpec | None:
                        implementation_notes="library candidate", expected_effect="decided by acceptance")
 
 
-def _repairs_spec(p: Pattern, m: dict[str, Any], why: str) -> HarnessSpec:
+def _repairs_spec(p: Pattern, m: LeverEffect, why: str) -> HarnessSpec:
     """A spec enabling exactly the repairs of a measured lever (one change; the combination as one id)."""
-    names = repairs_of(m)
-    change = Change(layer="H2", kind="enable_repair", repair="+".join(names), text="",
-                    rationale=f"{p.id}: {why} ({m['lever']}: +{m['gained']} gained, {m.get('changed_failing', 0)} "
-                              f"failing changed, {m['lost']} lost)")
+    change = Change(layer="H2", kind="enable_repair", repair="+".join(m.repairs), text="",
+                    rationale=f"{p.id}: {why} ({m.lever}: +{m.gained} gained, {m.changed_failing} "
+                              f"failing changed, {m.lost} lost)")
     return HarnessSpec(patterns_addressed=[p.id], changes=[change], skills=[],
                        implementation_notes="library candidate: the measured lever, exactly as measured",
                        expected_effect="decided by acceptance")
@@ -249,13 +234,13 @@ def candidate_variants(spec: HarnessSpec, patterns: list[Pattern]) -> list[tuple
     seen = [enabled_repairs(spec), *(enabled_repairs(v) for _, v in out)]
     by_id = {p.id: p for p in patterns}
     addressed = [by_id[i] for i in spec.patterns_addressed if i in by_id]
-    others = [p for p in patterns if p.classification == "recurring" and p not in addressed]
+    others = [p for p in patterns if p.recurring and p not in addressed]
     for p in addressed + others:  # a recurring pattern the spec left out is the roles leaving its lever out
-        best = measured_candidate(p)
-        if best is None or set(repairs_of(best)) in seen:
+        best = p.candidate_lever()
+        if best is None or set(best.repairs) in seen:
             continue
-        seen.append(set(repairs_of(best)))
-        out.append((f"measured lever {best['lever']}", _repairs_spec(p, best, "the measured lever")))
+        seen.append(set(best.repairs))
+        out.append((f"measured lever {best.lever}", _repairs_spec(p, best, "the measured lever")))
     return out
 
 
@@ -265,15 +250,15 @@ def library_fallback_specs(patterns: list[Pattern]) -> list[HarnessSpec]:
     changing only failing episodes); for model-level patterns retrieved labelled demonstrations, then the
     answer-set constraint where tasks declare one (and its replay lost nothing); then the bootstrapped
     demonstration of `library_demo_spec`."""
-    recurring = [p for p in patterns if p.classification == "recurring"]
+    recurring = [p for p in patterns if p.recurring]
     out: list[HarnessSpec] = []
     tried: list[set[str]] = []
     for p in recurring:
-        best = measured_candidate(p)
-        if best is not None and set(repairs_of(best)) not in tried:
-            tried.append(set(repairs_of(best)))
+        best = p.candidate_lever()
+        if best is not None and set(best.repairs) not in tried:
+            tried.append(set(best.repairs))
             out.append(_repairs_spec(p, best, "proposed by the library from its measurement"))
-    model_level = [p for p in recurring if p.layer == "model" and not p.facts.get("tool_failures")]
+    model_level = [p for p in recurring if p.layer == "model" and not p.tool_failures]
     if model_level:
         target = model_level[0]
         out.append(HarnessSpec(
@@ -282,7 +267,7 @@ def library_fallback_specs(patterns: list[Pattern]) -> list[HarnessSpec]:
             changes=[Change(layer="H5", kind="add_examples", value=DEFAULT_EXAMPLES, text="",
                             rationale=f"{target.id}: model-level; show the most similar training tasks with "
                                       "their answers")]))
-        constrained = next((p for p in model_level if (a := p.facts.get("answer_set")) and a["lost"] == 0), None)
+        constrained = next((p for p in model_level if p.answer_set is not None and p.answer_set.safe), None)
         if constrained is not None and {"answer_set"} not in tried:
             out.append(HarnessSpec(
                 patterns_addressed=[constrained.id], skills=[], expected_effect="decided by acceptance",

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..agent.events import ModelEvent, UserEvent
 from ..agent.trajectory import Trajectory, digest
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
@@ -44,31 +45,31 @@ class StoredTurns:
     """The host-side chat and user handlers of a re-run: they answer from one stored trajectory."""
 
     def __init__(self, traj: Trajectory) -> None:
-        self.models = traj.of_kind("model")
-        self.users = traj.of_kind("user")
+        self.models = traj.of(ModelEvent)
+        self.users = traj.of(UserEvent)
         self.model_index = 0
         self.user_index = 0
         self.diverged_at: int | None = None
 
     async def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         i = self.model_index
-        if i >= len(self.models) or _canonical(self.models[i]["messages"]) != _canonical(messages):
+        if i >= len(self.models) or _canonical(self.models[i].messages) != _canonical(messages):
             self.diverged_at = i
             return {"error": DIVERGED}
         self.model_index += 1
         e = self.models[i]
-        return {"text": e["reply"], "tool_calls": e.get("tool_calls") or [],
-                "finish_reason": e.get("finish_reason", ""), "usage": {"prompt_tokens": 0, "completion_tokens": 0},
+        return {"text": e.reply, "tool_calls": e.tool_calls,
+                "finish_reason": e.finish_reason, "usage": {"prompt_tokens": 0, "completion_tokens": 0},
                 "latency_s": 0.0, "cache_hit": True}
 
     async def user(self, conversation: list[dict[str, str]]) -> dict[str, Any]:
         j = self.user_index
-        if j >= len(self.users) or self.users[j].get("seen") != digest(conversation):
+        if j >= len(self.users) or self.users[j].seen != digest(conversation):
             self.diverged_at = self.model_index
             return {"error": DIVERGED}
         self.user_index += 1
         e = self.users[j]
-        return {"text": e["text"], "stop": e.get("stop", False), "reason": e.get("reason", "")}
+        return {"text": e.text, "stop": e.stop, "reason": e.reason}
 
 
 def runner_rerun(runner: Any) -> EpisodeRerun:

@@ -1,19 +1,35 @@
 """The harness modification specification the Moderator writes: a pydantic model, its JSON schema
-(flat, for grammar-constrained decoding by small models), and semantic validation."""
+(flat, for grammar-constrained decoding by small models), and semantic validation.
+
+A change's `kind` is a lever of the catalog (`lever_catalog.LEVERS`): the kinds, their value ranges and
+their own checks come from there."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic_core import PydanticKnownError
 
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG as REPAIRS
+from .lever_catalog import LEVERS, kinds
 
-ChangeKind = Literal["add_rule", "enable_repair", "add_skill", "add_demo", "add_examples", "set_samples",
-                     "set_max_tokens", "edit_code"]
+
+def _lever_kind(value: Any) -> str:
+    """A lever of the catalog as it is when the spec is parsed; otherwise the error a `Literal` of the
+    catalog's kinds gives (models read it when asked to repair their spec)."""
+    if isinstance(value, str) and value in LEVERS:
+        return value
+    names = [repr(k) for k in kinds()]
+    expected = names[-1] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    raise PydanticKnownError("literal_error", {"expected": expected})
+
+
+ChangeKind = Annotated[str, BeforeValidator(_lever_kind)]
 Layer = Literal["H2", "H3", "H4", "H5"]
 
 
@@ -23,7 +39,7 @@ class Change(BaseModel):
     file: str = ""  # edit_code: the file to rewrite
     text: str = ""  # add_rule: the rule; add_skill: the tip; edit_code: what to change
     repair: str = ""  # enable_repair: a name from the repair catalog, or a measured combination "a+b"
-    value: int = 0  # set_max_tokens: tokens; add_examples: k (examples per task); set_samples: n
+    value: int = 0  # a lever's number (set_max_tokens: tokens; add_examples: k; set_samples: n): lever_catalog
     rationale: str = ""
 
 
@@ -40,22 +56,16 @@ class HarnessSpec(BaseModel):
     implementation_notes: str = ""
     expected_effect: str = ""
 
-    @property
-    def touches_only_deterministic(self) -> bool:
-        """True when every change is to H2 parsing (replay can verify it without model calls)."""
-        return not self.skills and all(
-            c.kind == "enable_repair" or (c.kind == "edit_code" and c.file == "action.py") for c in self.changes
-        )
-
     def summary(self) -> str:
         """One line naming each change, for prompts that show what earlier attempts tried."""
         return "; ".join(f"{c.kind} {c.repair or c.text[:80]}" for c in self.changes)
 
     def deterministic_part(self) -> HarnessSpec | None:
-        """The enabled H2 repairs alone, when the spec bundles them with prompt edits; else None.
+        """The changes replay verifies exactly (the catalog's `exact` levers: enabled H2 repairs) alone, when
+        the spec bundles them with other edits; else None.
 
         That part leaves every prompt unchanged, so its validation is served by the response cache."""
-        repairs = [c for c in self.changes if c.kind == "enable_repair"]
+        repairs = [c for c in self.changes if LEVERS[c.kind].exact]
         if not repairs or (len(repairs) == len(self.changes) and not self.skills):
             return None
         return self.model_copy(update={"changes": repairs, "skills": []})
@@ -82,7 +92,7 @@ def spec_json_schema(combinations: tuple[str, ...] = ()) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "layer": {"type": "string", "enum": ["H2", "H3", "H4", "H5"]},
-            "kind": {"type": "string", "enum": list(ChangeKind.__args__)},  # type: ignore[attr-defined]
+            "kind": {"type": "string", "enum": list(kinds())},
             "file": short, "text": s,
             "repair": {"type": "string", "enum": ["", *REPAIRS, *(c for c in combinations if c not in REPAIRS)]},
             "value": {"type": "integer"},
@@ -105,11 +115,16 @@ def spec_json_schema(combinations: tuple[str, ...] = ()) -> dict[str, Any]:
     }
 
 
-_INTERNALS = re.compile(r"\b(H[1-5]|harness|layers?|levers?|repairs?|pars(?:e|er|ers|ing)|realiz\w*|regex\w*|"
-                        r"action\.py|regulate\.py|contract\.md|P\d+|add_rule|add_skill|add_demo|enable_repair|"
-                        r"set_max_tokens|edit_code|train(?:ing)? evaluation|task\(s\)|"
-                        r"add (?:an? |short )?(?:h[35] )?(?:rules?|tips?|skills?|demos?|demonstrations?))",
-                        re.IGNORECASE)
+@functools.lru_cache(maxsize=4)
+def _internals(lever_names: tuple[str, ...]) -> re.Pattern[str]:
+    """Words that give harness internals away: layers, parsing, files, pattern ids, every lever's name."""
+    return re.compile(r"\b(H[1-5]|harness|layers?|levers?|repairs?|pars(?:e|er|ers|ing)|realiz\w*|regex\w*|"
+                      r"action\.py|regulate\.py|contract\.md|P\d+|" + "|".join(map(re.escape, lever_names)) + "|"
+                      r"train(?:ing)? evaluation|task\(s\)|"
+                      r"add (?:an? |short )?(?:h[35] )?(?:rules?|tips?|skills?|demos?|demonstrations?))",
+                      re.IGNORECASE)
+
+
 _THIRD_PERSON = re.compile(r"\bthe (agent|model|assistant|llm)\b", re.IGNORECASE)
 _DEBATE = re.compile(r"\b(analyst|critic|engineer|moderator|I agree|we should|the proposal|proposed change)\b",
                      re.IGNORECASE)
@@ -124,7 +139,7 @@ def agent_text_problem(text: str) -> str | None:
     if named is not None:
         return (f"names the built-in repair {named!r}; a repair is enabled with enable_repair, a rule tells the "
                 "agent what to do in the task")
-    if (m := _INTERNALS.search(text)) is not None:
+    if (m := _internals(tuple(LEVERS)).search(text)) is not None:
         return (f"talks about harness internals ({m.group(0)!r}); the agent reads it: say what the agent "
                 "should do in the task, not how the harness works")
     if (m := _DEBATE.search(text)) is not None:
@@ -146,19 +161,10 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
         problems.append(f"patterns_addressed names unknown patterns {unknown}; known: {sorted(pattern_ids)}")
     for i, c in enumerate(spec.changes):
         where = f"changes[{i}] ({c.kind})"
-        if c.kind == "enable_repair" and (not c.repair or any(n not in REPAIRS for n in c.repair.split("+"))):
-            problems.append(f"{where}: repair must be one of {sorted(REPAIRS)} (or a measured combination a+b)")
-        if c.kind == "add_examples" and not 0 <= c.value <= 8:
-            problems.append(f"{where}: value (examples per task) must be between 1 and 8 (0: the default)")
-        if c.kind == "set_samples" and not 3 <= c.value <= 9:
-            problems.append(f"{where}: value (samples per answer) must be between 3 and 9")
-        if c.kind in ("add_rule", "add_skill") and (why := agent_text_problem(c.text)):
+        lever = LEVERS[c.kind]
+        problems += [f"{where}: {problem}" for problem in lever.problems(c, harness)]
+        if lever.agent_text and (why := agent_text_problem(c.text)):
             problems.append(f"{where}: the text {why}")
-        if c.kind == "edit_code" and (c.file not in harness.files or not c.file.endswith(".py")):
-            py = sorted(f for f in harness.files if f.endswith(".py"))
-            problems.append(f"{where}: file must be one of the harness's Python files {py}")
-        if c.kind == "set_max_tokens" and not 16 <= c.value <= 4096:
-            problems.append(f"{where}: value must be between 16 and 4096")
     for i, skill in enumerate(spec.skills):
         if why := agent_text_problem(skill.tip):
             problems.append(f"skills[{i}]: the tip {why}")

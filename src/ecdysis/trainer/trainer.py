@@ -211,12 +211,11 @@ class TrainContext:
         stored = self.store.get_record(self.run_id, "patterns", key)
         measured = self.store.get_record(self.run_id, "measurements", key)
         if stored is not None and measured is not None:
-            return [Pattern(**d) for d in stored], [
-                Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in measured]
+            return [Pattern.from_dict(d) for d in stored], [Measurement.from_record(m) for m in measured]
         tasks = {t.id: t for t in self.train_tasks}
         same = self.store.get_record(self.run_id, "measurements", f"harness/{current.id}")  # measured before
         if same is not None:
-            measurements = [Measurement(**{k: v for k, v in m.items() if k != "lever"}) for m in same]
+            measurements = [Measurement.from_record(m) for m in same]
         else:
             measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
                 current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),

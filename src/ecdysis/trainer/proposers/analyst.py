@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..failures import Pattern
+from ..evidence import LeverEffect, Pattern
 from ..fdcr import SpecWriter
-from ..levers import repairs_of
 from ..spec import Change, HarnessSpec, max_items
 from .base import Evidence, Proposal, Proposer
 
@@ -26,45 +25,42 @@ if TYPE_CHECKING:
     from ..engine import Engine
 
 
-def covering_lever(patterns: list[Pattern], changed: bool = False) -> dict[str, object] | None:
-    """One measured zero-loss lever that gains tasks in every recurring pattern, if any (the first such,
+def covering_lever(patterns: list[Pattern], changed: bool = False) -> LeverEffect | None:
+    """One measured lever that gains tasks and loses none in every recurring pattern, if any (the first such,
     in the first pattern's order: best gain first). `changed`: else one that changes failing episodes of
     every recurring pattern and no passing episode (its outcome needs agent runs: validation decides)."""
-    recurring = [p for p in patterns if p.classification == "recurring"]
+    recurring = [p for p in patterns if p.recurring]
     if not recurring:
         return None
 
-    def gains(m: dict[str, object]) -> bool:
-        return bool(m["gained"]) and m["lost"] == 0
+    def acts(m: LeverEffect) -> bool:
+        return m.gains_losing_none or m.acts_only_on_failing
 
-    def acts(m: dict[str, object]) -> bool:
-        return gains(m) or (bool(m.get("changed_failing")) and m["lost"] == 0 and not m.get("changed_passing"))
-
-    return _covering(recurring, gains) or (_covering(recurring, acts) if changed else None)
+    gains = _covering(recurring, lambda m: m.gains_losing_none)
+    return gains or (_covering(recurring, acts) if changed else None)
 
 
-def _covering(recurring: list[Pattern], ok: Callable[[dict[str, object]], bool]) -> dict[str, object] | None:
-    for lever in (m for m in recurring[0].facts.get("measured_levers", []) if ok(m)):
-        if all(any(m["lever"] == lever["lever"] and ok(m) for m in p.facts.get("measured_levers", []))
-               for p in recurring[1:]):
+def _covering(recurring: list[Pattern], ok: Callable[[LeverEffect], bool]) -> LeverEffect | None:
+    for lever in (m for m in recurring[0].measured or [] if ok(m)):
+        if all(any(m.lever == lever.lever and ok(m) for m in p.measured or []) for p in recurring[1:]):
             return lever
     return None
 
 
-def lever_spec(patterns: list[Pattern], lever: dict[str, object]) -> HarnessSpec | None:
+def lever_spec(patterns: list[Pattern], lever: LeverEffect) -> HarnessSpec | None:
     """The spec that enables the lever's repairs for every recurring pattern."""
-    names = repairs_of(lever)
+    names = lever.repairs
     if len(names) > max_items("changes"):
         return None
-    ids = [p.id for p in patterns if p.classification == "recurring"]
-    effect = (f"+{lever['gained']} task(s), 0 lost" if lever["gained"] else
-              f"{lever.get('changed_failing', 0)} failing episode(s) changed, no passing one")
+    ids = [p.id for p in patterns if p.recurring]
+    effect = (f"+{lever.gained} task(s), 0 lost" if lever.gained else
+              f"{lever.changed_failing} failing episode(s) changed, no passing one")
     changes = [Change(layer="H2", kind="enable_repair", repair=n, text="",
                       rationale=f"{', '.join(ids)}: measured on the stored replies ({effect}); written by the "
                                 "library, no debate") for n in names]
     return HarnessSpec(patterns_addressed=ids, changes=changes, skills=[],
                        implementation_notes="measured lever covering every recurring pattern",
-                       expected_effect=f"the measured gain of {lever['lever']}")
+                       expected_effect=f"the measured gain of {lever.lever}")
 
 
 class AnalystProposer(Proposer):
@@ -78,7 +74,7 @@ class AnalystProposer(Proposer):
             spec = lever_spec(evidence.patterns, lever)
             # a lever an earlier round already validated and rejected goes to the roles instead of repeating
             if spec is not None and spec.summary() not in engine.rejected_specs(evidence.round):
-                return Proposal(spec, evidence.patterns, source=f"library: {lever['lever']} covers every "
+                return Proposal(spec, evidence.patterns, source=f"library: {lever.lever} covers every "
                                 "recurring pattern (no debate)")
         writer = SpecWriter(engine.store, engine.run_id, engine.roles, cfg.roles)
         outcome = await writer.write(key, evidence.current, evidence.patterns, cfg.train.debate_passes,

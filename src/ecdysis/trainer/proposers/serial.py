@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..failures import FailureRecord, Pattern, failure_record, suggest_levers
+from ..evidence import Pattern
+from ..failures import FailureRecord, failure_record, suggest_levers
 from ..fdcr import SpecWriter
 from ..levers import attach
 from ..records import SerialEdit, load_all
