@@ -27,10 +27,12 @@ from ..models import (
     build_model,
     local_models,
 )
+from ..runner.failures import FailureCounts, GraderFailed
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from . import doctor, inspect, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail
+from .failure_views import exit_grader_failed, failure_table, grader_failed_text
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -259,6 +261,8 @@ def eval_cmd(
     else:
         views.eval_summary(console, summary, run_id, cfg.run.run_dir)
     ws.close()
+    if summary.failures.grader_errors:
+        exit_grader_failed(grader_failed_text(summary.failures, summary.episodes))
 
 
 @app.command()
@@ -299,12 +303,21 @@ def train(
         })
         ws = AnnouncingWorkspace.open(cfg)
         result = asyncio.run(train_async(cfg, arm=arm, console=console, ws=ws))
+    except GraderFailed as exc:
+        failure_table(console, exc.failures, f"Failures of the {exc.split} evaluation (apart from wrong answers)")
+        exit_grader_failed(str(exc))
+        return
     except USER_ERRORS as exc:
         fail(str(exc))
         return
     views.train_summary(console, result)
     finish_train(console, ws.store, result.run_id, report=report)
     ws.close()
+    for name, test in (("seed", result.test_before), ("final", result.test_after)):
+        failures = FailureCounts.from_dict((test or {}).get("failures"))
+        if failures.grader_errors:
+            failure_table(console, failures, f"Failures of the {name} harness on test (apart from wrong answers)")
+            exit_grader_failed(f"test accuracy ({name}): {grader_failed_text(failures, test['episodes'])}")
 
 
 @app.command()
@@ -338,6 +351,10 @@ def compare(
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
+    except GraderFailed as exc:
+        failure_table(console, exc.failures, f"Failures of the {exc.split} evaluation (apart from wrong answers)")
+        exit_grader_failed(str(exc))
+        return
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -377,7 +394,8 @@ def compare_summary(
 
 def main(argv: list[str] | None = None) -> None:
     """The `ecdysis` entry point. A user error exits 2 with its message; an internal error exits 1 with a
-    one-line message, or its traceback when `--debug` is anywhere before `--` (or ECDYSIS_DEBUG=1)."""
+    one-line message, or its traceback when `--debug` is anywhere before `--` (or ECDYSIS_DEBUG=1); a grader
+    that failed on some episode exits 3 (`eval`, `train`, `compare`); an interrupt exits 130."""
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:end] or os.environ.get("ECDYSIS_DEBUG", "") not in ("", "0")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from ..models.local_models import LocalModelSpec
 from ..runner.runner import EvalSummary
+from .failure_views import failure_table
 from ..store import RunStore
 
 
@@ -54,6 +55,7 @@ def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -
     table.add_row("wall time (this invocation)", f"{s.wall_s:.1f}s")
     table.add_row("model time (all episodes)", f"{s.model_time_s:.1f}s")
     console.print(table)
+    failure_table(console, s.failures, show=f"ecdysis show {run_id} --run-dir {run_dir}")
     console.print(f"[dim]stored in {run_dir}; `ecdysis show {run_id} --run-dir {run_dir}`[/]")
 
 
