@@ -7,11 +7,13 @@ the grader failed on any episode they report.
 
 from __future__ import annotations
 
+from typing import Any, NoReturn
+
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..runner.failures import EXIT_GRADER_FAILED, FailureCounts, FailureKind
+from ..runner.failures import EXIT_GRADER_FAILED, FailureCounts, FailureKind, GraderFailed
 from .common import err_console
 
 
@@ -45,9 +47,24 @@ def grader_failed_text(failures: FailureCounts, episodes: int) -> str:
             "the same command again: the model's replies are reused where stored or cached.")
 
 
-def exit_grader_failed(message: str) -> None:
+def exit_grader_failed(message: str) -> NoReturn:
     """Print `error: message` on stderr and exit with EXIT_GRADER_FAILED."""
     import typer
 
     err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     raise typer.Exit(EXIT_GRADER_FAILED)
+
+
+def exit_training_grader_failed(console: Console, exc: GraderFailed) -> NoReturn:
+    """`train`/`compare` stopped because the grader failed: the failures, the reason, exit 3."""
+    failure_table(console, exc.failures, f"Failures of the {exc.split} evaluation (apart from wrong answers)")
+    exit_grader_failed(str(exc))
+
+
+def exit_if_test_grader_failed(console: Console, *tests: dict[str, Any] | None) -> None:
+    """After `train`: exit 3 (with the failures) when the grader failed on a test evaluation (its summary dict)."""
+    for name, test in zip(("seed", "final"), tests, strict=False):
+        failures = FailureCounts.from_dict((test or {}).get("failures"))
+        if test and failures.grader_errors:
+            failure_table(console, failures, f"Failures of the {name} harness on test (apart from wrong answers)")
+            exit_grader_failed(f"test accuracy ({name}): {grader_failed_text(failures, int(test['episodes']))}")

@@ -27,12 +27,11 @@ from ..models import (
     build_model,
     local_models,
 )
-from ..runner.failures import FailureCounts, GraderFailed
+from ..runner.failures import GraderFailed
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
-from . import doctor, inspect, views
+from . import doctor, failure_views, inspect, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail
-from .failure_views import exit_grader_failed, failure_table, grader_failed_text
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -262,7 +261,7 @@ def eval_cmd(
         views.eval_summary(console, summary, run_id, cfg.run.run_dir)
     ws.close()
     if summary.failures.grader_errors:
-        exit_grader_failed(grader_failed_text(summary.failures, summary.episodes))
+        failure_views.exit_grader_failed(failure_views.grader_failed_text(summary.failures, summary.episodes))
 
 
 @app.command()
@@ -304,20 +303,14 @@ def train(
         ws = AnnouncingWorkspace.open(cfg)
         result = asyncio.run(train_async(cfg, arm=arm, console=console, ws=ws))
     except GraderFailed as exc:
-        failure_table(console, exc.failures, f"Failures of the {exc.split} evaluation (apart from wrong answers)")
-        exit_grader_failed(str(exc))
-        return
+        failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
     views.train_summary(console, result)
     finish_train(console, ws.store, result.run_id, report=report)
     ws.close()
-    for name, test in (("seed", result.test_before), ("final", result.test_after)):
-        failures = FailureCounts.from_dict((test or {}).get("failures"))
-        if failures.grader_errors:
-            failure_table(console, failures, f"Failures of the {name} harness on test (apart from wrong answers)")
-            exit_grader_failed(f"test accuracy ({name}): {grader_failed_text(failures, test['episodes'])}")
+    failure_views.exit_if_test_grader_failed(console, result.test_before, result.test_after)
 
 
 @app.command()
@@ -352,9 +345,7 @@ def compare(
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
     except GraderFailed as exc:
-        failure_table(console, exc.failures, f"Failures of the {exc.split} evaluation (apart from wrong answers)")
-        exit_grader_failed(str(exc))
-        return
+        failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
         fail(str(exc))
         return

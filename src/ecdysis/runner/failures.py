@@ -180,6 +180,17 @@ def count_failures(recorded: list[Trajectory], not_run: int = 0, not_run_reason:
     return FailureCounts([FailureCount(k, counts[k], firsts[k]) for k in FailureKind if k in counts])
 
 
+def merge_counts(counts: list[FailureCounts]) -> FailureCounts:
+    """Several evaluations' failures as one: counts summed by kind, each kind's first from the earliest."""
+    merged: dict[FailureKind, FailureCount] = {}
+    for c in (c for fc in counts for c in fc.kinds):
+        if c.kind in merged:
+            merged[c.kind].count += c.count
+        else:
+            merged[c.kind] = FailureCount(c.kind, c.count, c.first)
+    return FailureCounts([merged[k] for k in FailureKind if k in merged])
+
+
 class GraderFailed(Exception):
     """The grader failed on some episodes of an evaluation training would decide on: their scores are not
     the harness's, so training stops before diagnosing them (the CLI exits EXIT_GRADER_FAILED)."""
