@@ -7,6 +7,7 @@ the grader failed on any episode they report.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
@@ -61,10 +62,15 @@ def exit_training_grader_failed(console: Console, exc: GraderFailed) -> NoReturn
     exit_grader_failed(str(exc))
 
 
-def exit_if_test_grader_failed(console: Console, *tests: dict[str, Any] | None) -> None:
-    """After `train`: exit 3 (with the failures) when the grader failed on a test evaluation (its summary dict)."""
-    for name, test in zip(("seed", "final"), tests, strict=False):
+def show_test_failures(console: Console, result: Any, run_dir: Path) -> None:
+    """After `train` (a `TrainResult`): the failures of the seed's and the final harness's test evaluations;
+    exit 3 when the grader failed on one of them."""
+    failed = None
+    for name, test in (("seed", result.test_before), ("final", result.test_after)):
         failures = FailureCounts.from_dict((test or {}).get("failures"))
-        if test and failures.grader_errors:
-            failure_table(console, failures, f"Failures of the {name} harness on test (apart from wrong answers)")
-            exit_grader_failed(f"test accuracy ({name}): {grader_failed_text(failures, int(test['episodes']))}")
+        failure_table(console, failures, f"Failures of the {name} harness on test (apart from wrong answers)",
+                      show=f"ecdysis show {result.run_id} --run-dir {run_dir} --eval test")
+        if test and failures.grader_errors and failed is None:
+            failed = f"test accuracy ({name}): {grader_failed_text(failures, int(test['episodes']))}"
+    if failed is not None:
+        exit_grader_failed(failed)

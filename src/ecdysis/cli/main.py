@@ -310,7 +310,7 @@ def train(
     views.train_summary(console, result)
     finish_train(console, ws.store, result.run_id, report=report)
     ws.close()
-    failure_views.exit_if_test_grader_failed(console, result.test_before, result.test_after)
+    failure_views.show_test_failures(console, result, cfg.run.run_dir)
 
 
 @app.command()
