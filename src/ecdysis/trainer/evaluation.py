@@ -125,8 +125,9 @@ class Evaluator:
         no budget, nothing charged."""
         out = Measured(version.id, split, [t.id for t in self.tasks[split]], self.trials)
         chunks = self.chunks(split)[:max_batches] if max_batches else self.chunks(split)
+        episodes: list[Trajectory] = []  # every stored episode of the batches measured (grader errors refused)
         for attempt in range(2):
-            out.per_task, out.eval_ids, out.stopped = {}, [], None
+            out.per_task, out.eval_ids, out.stopped, episodes = {}, [], None, []
             for chunk in chunks:
                 if out.stopped is None and stop is not None and out.per_task and (why := stop(out.per_task)):
                     out.stopped = why
@@ -136,6 +137,7 @@ class Evaluator:
                     continue
                 eval_id, trajectories = ran
                 out.eval_ids.append(eval_id)
+                episodes += trajectories
                 self._merge(out, trajectories)
             if out.stopped is not None or out.complete or attempt == 1:
                 break
@@ -148,7 +150,6 @@ class Evaluator:
             out.stopped = f"{len(lost)} task(s) lost by the infrastructure twice: {', '.join(lost[:5])}"
         if out.stopped is None and max_batches and not out.complete:
             out.stopped = f"screened on {len(ran_ids)} of {len(out.expected)} task(s)"
-        episodes = [t for e in out.eval_ids for t in self.store.trajectories(e)]
         if (failures := count_failures(episodes)).grader_errors:
             raise GraderFailed(split, len(episodes), failures)
         return out
