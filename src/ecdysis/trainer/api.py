@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from rich.console import Console
 
 from ..config import Config, identity_json
+from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .budget import AGENT_ROLES
 from .engine import Engine
@@ -59,11 +60,16 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
                                 run_id=run_id_for(config, spec.name))
     engine = Engine(ws, run_id, spec.name, config, spec.proposer(), TrainView(console, enabled=console is not None))
     seed = engine.ws.harness()
-    final, rounds, stop = await engine.train(seed)
-    spend = engine.spend()
-    curve = engine.curve()
-    frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
-    val_before, val_after = await engine.val_scores(seed, final)
+    try:
+        final, rounds, stop = await engine.train(seed)
+        spend = engine.spend()
+        curve = engine.curve()
+        frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
+        val_before, val_after = await engine.val_scores(seed, final)
+    except GraderFailed as exc:  # nothing to learn from a grader's failures: the run says why it stopped
+        ws.store.finish_run(run_id, {"arm": spec.name, "stop_reason": f"grader failed: {exc}",
+                                     "failures": exc.failures.to_dict()}, status="grader_failed")
+        raise
     timings = dict(ws.store.records(run_id, "timing"))
     calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
     agent = calls.get("agent", {})
