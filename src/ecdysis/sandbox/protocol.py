@@ -119,9 +119,65 @@ class UserCall(_Message):
     conversation: list[Turn]
 
 
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _ActionEvent(_Payload):
+    tool: str
+    input: str = ""
+    arguments: dict[str, Any] | None = None
+
+
+class _TextEvent(_Payload):
+    text: str
+
+
+class _ToolErrorEvent(_Payload):
+    tool: str
+    error: str
+    text: str
+
+
+class _RejectionEvent(_Payload):
+    feedback: str
+    rule: str
+
+
+class _RepairEvent(_Payload):
+    name: str
+
+
+class _StopEvent(_Payload):
+    reason: str = ""
+
+
+class _VoteEvent(_Payload):
+    answers: list[str | None]
+    chosen: int
+    votes: int
+
+
+class _PromptEvent(_Payload):
+    system: str
+    skills: list[str] = Field(default_factory=list)
+    tips: str = ""
+    tools: list[dict[str, Any] | str] = Field(default_factory=list)
+
+
+# The fields the host and the trainer read from the agent loop's own event kinds; a free-form loop's notes
+# of other kinds are kept as they are.
+EVENT_FIELDS: dict[str, type[_Payload]] = {
+    "action": _ActionEvent, "observation": _TextEvent, "annotation": _TextEvent, "tool_error": _ToolErrorEvent,
+    "rejection": _RejectionEvent, "repair": _RepairEvent, "stop": _StopEvent, "vote": _VoteEvent,
+    "prompt": _PromptEvent,
+}
+
+
 class Event(BaseModel):
     """One event of the agent's record; `call` is the id of the call a `model` or `user` event stands for
-    (the host fills in that call's messages, reply and accounting from what it served)."""
+    (the host fills in that call's messages, reply and accounting from what it served). The loop's own kinds
+    must carry their fields (`EVENT_FIELDS`): the trainer reads them."""
 
     model_config = ConfigDict(extra="allow")
     kind: str = Field(min_length=1, max_length=64)
@@ -129,9 +185,11 @@ class Event(BaseModel):
     call: int | None = None
 
     @model_validator(mode="after")
-    def _cites_a_call(self) -> Event:
+    def _fits_its_kind(self) -> Event:
         if self.kind in CALL_KINDS and self.call is None:
             raise ValueError(f"a {self.kind!r} event must name the call it stands for (`call`)")
+        if self.kind in EVENT_FIELDS:
+            EVENT_FIELDS[self.kind].model_validate(self.model_extra or {})
         return self
 
 

@@ -174,18 +174,32 @@ def replay(request: ReplayRequest) -> ReplayResult:
 
 def _report(traj: Trajectory, ending: str, final_state: Any, tb: str | None) -> EpisodeReport:
     """What the agent did, as the host takes it: model and user events name their call (the host has the
-    rest); anything that does not fit the protocol (harness code may have changed the record) is a crash."""
+    rest). A record that does not fit the protocol (harness code may have changed it) is the harness's crash."""
+    if ending not in AGENT_ENDINGS:
+        tb = f"{tb or ''}\nthe episode's ending was set to {str(ending)[:100]!r}, which only the host gives".strip()
+        ending = "crash"
     events = [{k: e[k] for k in ("kind", "turn", "call", "unchosen") if k in e}
               if e.get("kind") in CALL_KINDS and "call" in e else e for e in traj.events]
     try:
-        report = EpisodeReport(ending=ending if ending in AGENT_ENDINGS else "crash", events=events,  # type: ignore[arg-type]
-                               final_answer=traj.final_answer, final_state=final_state,
-                               conversation=traj.conversation, traceback=tb)
-        report.model_dump_json()  # everything in it must be JSON
-        return report
-    except Exception as exc:  # noqa: BLE001 - a record harness code broke is the harness's crash
-        return EpisodeReport(ending="crash", traceback=f"{tb or ''}\nthe episode's record does not fit the protocol: "
-                                                        f"{str(exc)[:2000]}".strip())
+        return EpisodeReport(ending=ending, events=events, final_answer=traj.final_answer,  # type: ignore[arg-type]
+                             final_state=final_state, conversation=traj.conversation, traceback=tb)
+    except Exception as exc:  # noqa: BLE001
+        return _unfit(tb, exc)
+
+
+def _unfit(tb: str | None, exc: Exception) -> EpisodeReport:
+    return EpisodeReport(ending="crash", traceback=f"{tb or ''}\nthe episode's record does not fit the protocol: "
+                                                   f"{str(exc)[:2000]}".strip())
+
+
+def send_report(link: HostLink, report: EpisodeReport) -> None:
+    """Send the `done` report; one holding a value that is not JSON (harness code put it there) is a crash."""
+    try:
+        line = encode(DoneReport(report=report))
+    except Exception as exc:  # noqa: BLE001
+        line = encode(DoneReport(report=_unfit(report.traceback, exc)))
+    link.out.write(line.decode())
+    link.out.flush()
 
 
 def run(request: EpisodeRequest, link: HostLink) -> EpisodeReport:
@@ -241,7 +255,7 @@ def main() -> int:
     if isinstance(request, ReplayRequest):
         link.send(replay(request))
     else:
-        link.send(DoneReport(report=run(request, link)))
+        send_report(link, run(request, link))
     return 0
 
 
