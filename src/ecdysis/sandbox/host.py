@@ -30,7 +30,6 @@ from .framing import ProtocolError, encode, read_message
 from .ledger import MAX_TRACEBACK, BudgetExceeded, EpisodeLedger, Served, UserServed
 from .protocol import (
     EPISODE_MESSAGE,
-    REPLAY_MESSAGE,
     ChatCall,
     ChatReply,
     DoneReport,
@@ -38,6 +37,7 @@ from .protocol import (
     EpisodeRequest,
     ExitNote,
     ReplayRequest,
+    ReplayResult,
     Started,
     UserCall,
     UserReply,
@@ -234,7 +234,7 @@ async def replay_in_sandbox(files: dict[str, str], items: list[dict[str, Any]],
     try:
         worker.writer.write(encode(request))
         await worker.writer.drain()
-        message = await asyncio.wait_for(read_message(worker.reader, REPLAY_MESSAGE), timeout=limits.timeout_s)
+        message = await asyncio.wait_for(read_message(worker.reader, ReplayResult), timeout=limits.timeout_s)
     except TimeoutError:
         return {"error": f"replay exceeded {limits.timeout_s:g}s"}
     except ProtocolError as exc:

@@ -30,12 +30,18 @@ Measure = Literal["netns", "rlimits", "audit-hook"]  # in-process measures a wor
 CALL_KINDS = ("model", "user")  # event kinds that cite a call the host served (`call`: its id)
 
 
+# Schemas are built on first use (`defer_build`): a fresh worker process pays only for the messages it uses.
+_DEFERRED = ConfigDict(defer_build=True)
+
+
 class _Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, defer_build=True)
 
 
 class WorkerLimits(BaseModel):
     """The resource limits the worker applies to itself (rlimits) before harness code runs."""
+
+    model_config = _DEFERRED
 
     memory_mb: int
     cpu_s: int
@@ -120,7 +126,7 @@ class UserCall(_Message):
 
 
 class _Payload(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
 class _ActionEvent(_Payload):
@@ -179,7 +185,7 @@ class Event(BaseModel):
     (the host fills in that call's messages, reply and accounting from what it served). The loop's own kinds
     must carry their fields (`EVENT_FIELDS`): the trainer reads them."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
     kind: str = Field(min_length=1, max_length=64)
     turn: int = Field(ge=0)
     call: int | None = None
@@ -251,7 +257,17 @@ class ExitNote(_Message):
 
 
 HOST_REQUEST: TypeAdapter[EpisodeRequest | ReplayRequest] = TypeAdapter(
-    Annotated[EpisodeRequest | ReplayRequest, Field(discriminator="op")])
+    Annotated[EpisodeRequest | ReplayRequest, Field(discriminator="op")], config=_DEFERRED)
 EPISODE_MESSAGE: TypeAdapter[Started | ChatCall | UserCall | DoneReport | ExitNote] = TypeAdapter(
-    Annotated[Started | ChatCall | UserCall | DoneReport | ExitNote, Field(discriminator="op")])
-REPLAY_MESSAGE: TypeAdapter[ReplayResult] = TypeAdapter(ReplayResult)
+    Annotated[Started | ChatCall | UserCall | DoneReport | ExitNote, Field(discriminator="op")], config=_DEFERRED)
+
+
+def build_schemas() -> None:
+    """Build every message's schema now (they are built on first use otherwise): the zygote does it once, so
+    the episodes it forks do not each build them."""
+    for model in (WorkerLimits, EpisodeRequest, ReplayRequest, ChatReply, UserReply, Started, ChatCall, Turn,
+                  UserCall, Event, EpisodeReport, DoneReport, ReplayAction, RealizedReply, ReplayResult, ExitNote,
+                  *EVENT_FIELDS.values()):
+        model.model_rebuild(force=True)
+    HOST_REQUEST.rebuild(force=True)
+    EPISODE_MESSAGE.rebuild(force=True)

@@ -24,7 +24,7 @@ import traceback
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 
 from ..agent.trajectory import Trajectory
 from .framing import ProtocolError, decode, encode
@@ -47,8 +47,6 @@ from .protocol import (
 
 CLONE_NEWNET = 0x40000000
 IN_PROCESS = ("netns", "rlimits", "audit-hook")  # measures `isolate` may report besides the host's
-CHAT_REPLY: TypeAdapter[ChatReply] = TypeAdapter(ChatReply)
-USER_REPLY: TypeAdapter[UserReply] = TypeAdapter(UserReply)
 _BLOCKED_EVENTS = {
     "socket.connect": "network access",
     "socket.bind": "network access",
@@ -135,7 +133,7 @@ class HostLink:
 
     def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         """The model's reply {"text", "tool_calls", "finish_reason", "call"} or {"error"}."""
-        reply = self._call(ChatCall(id=next(self._ids), messages=messages, params=params), CHAT_REPLY)
+        reply = self._call(ChatCall(id=next(self._ids), messages=messages, params=params), ChatReply)
         if reply.error is not None:
             return {"error": reply.error}
         return {"text": reply.text, "tool_calls": reply.tool_calls, "finish_reason": reply.finish_reason,
@@ -143,7 +141,7 @@ class HostLink:
 
     def user(self, conversation: list[dict[str, str]]) -> dict[str, Any]:
         """The simulated user's next message (the host holds the scenario and the user model)."""
-        reply = self._call(UserCall(id=next(self._ids), conversation=conversation), USER_REPLY)
+        reply = self._call(UserCall(id=next(self._ids), conversation=conversation), UserReply)
         if reply.error is not None:
             return {"error": reply.error}
         return {"text": reply.text, "stop": reply.stop, "limit": reply.limit, "reason": reply.reason,

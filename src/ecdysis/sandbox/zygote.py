@@ -27,7 +27,7 @@ from importlib import import_module
 
 from . import nested
 from .framing import encode
-from .protocol import ExitNote
+from .protocol import ExitNote, build_schemas
 from .worker import yield_cpu
 
 PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
@@ -98,6 +98,7 @@ def main() -> int:
     os.close(null)
     for name in PRELOAD:
         import_module(name)
+    build_schemas()  # once here, not in every episode
     if len(sys.argv) > 1:  # the environment's module, found on its plugin paths as the worker finds it
         sys.path.extend(sys.argv[2:])
         with contextlib.suppress(Exception):  # an environment that does not import is the episode's to report
