@@ -111,7 +111,7 @@ class HostLink:
         self.out.flush()
 
     def receive(self) -> dict[str, Any]:
-        """The next line as a JSON object (untyped: for channels without a schema here)."""
+        """The next line as a JSON object, untyped (`serve`'s worker, whose channel is not this protocol)."""
         line = self.inp.readline()
         if not line:
             raise EOFError("host closed the channel")
