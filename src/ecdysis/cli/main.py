@@ -322,9 +322,11 @@ def train(
         fail(str(exc))
         return
     views.train_summary(console, result)
-    finish_train(console, ws.store, result.run_id, report=report)
+    grader_failed = failure_views.show_test_failures(console, result, cfg.run.run_dir)
+    finish_train(console, ws.store, result.run_id, report=report)  # the report's path is the last line
     ws.close()
-    failure_views.show_test_failures(console, result, cfg.run.run_dir)
+    if grader_failed is not None:
+        failure_views.exit_grader_failed(grader_failed)
 
 
 @app.command()
