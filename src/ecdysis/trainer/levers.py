@@ -171,8 +171,9 @@ def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[st
     if p.facts.get("truncated"):
         out.append("a higher token limit")
     if not tool_kinds and (p.layer == "model" or p.facts.get("answer_parsed", 0) >= max(1, p.support // 2)):
-        out.append("add_examples: the k training tasks most similar to each task, with their gold answers, "
-                   "shown as worked examples (retrieved per task)")
+        if any(tasks[t].gold for t in p.tasks if t in tasks):  # served conversations have no gold answers
+            out.append("add_examples: the k training tasks most similar to each task, with their gold answers, "
+                       "shown as worked examples (retrieved per task)")
         if p.facts.get("confusions"):
             top = p.facts["confusions"][0]
             out.append(f"a rule that tells {top['expected']!r} from {top['given']!r} apart (the most confused pair)")
