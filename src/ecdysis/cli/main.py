@@ -30,8 +30,7 @@ from ..models import (
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from . import doctor, inspect, views
-from .common import (ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail, role_flags,
-                     with_models)
+from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, err_console, fail, role_flags, with_models
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
