@@ -33,14 +33,19 @@ def change_text(change: dict[str, Any]) -> str:
     return f"{kind} {detail[:60] + ('...' if len(detail) > 60 else '')}".strip()
 
 
+def replaced_by_library(source: str, library_candidate: str | None) -> bool:
+    """The library's fallback, not the round's spec (written by `source`), was built and validated."""
+    return bool(library_candidate) and f"library: {library_candidate}" != source
+
+
 def spec_origin(source: str, spec: str, library_candidate: str | None) -> str:
     """Who wrote what the round validated. `source` is the spec record's ("roles" or "library: why"), `spec` its
     changes in a few words, `library_candidate` the library's fallback that was built instead (if any)."""
     writer = "the roles'" if source == "roles" else "the library's"
-    if library_candidate and f"library: {library_candidate}" != source:
+    if replaced_by_library(source, library_candidate):
         # the spec built nothing that runs, rebuilt a harness this run already rejected, or changed nothing
-        why = f"{writer} spec ({spec}) gave no new candidate that runs" if spec else "the roles gave no usable spec"
-        return f"; validated the library's {library_candidate} ({why})"
+        why = f"{writer} spec gave no new candidate that runs ({spec})" if spec else "the roles gave no usable spec"
+        return f"; validated the library's {library_candidate}: {why}"
     if not spec:
         return ""
     if source == "roles":
@@ -57,8 +62,10 @@ def what_changed(view: Any) -> list[str]:
     for r in view.rounds:
         rec = r.record
         changes = [change_text(c) for c in ((r.spec.spec or {}).get("changes", []) if r.spec else [])]
-        variant = f" [{rec.variant}]" if rec.variant else ""
-        what = spec_origin(r.spec.source if r.spec else "roles", ", ".join(changes), rec.library_candidate)
+        source = r.spec.source if r.spec else "roles"
+        replaced = replaced_by_library(source, rec.library_candidate)
+        variant = f" [{rec.variant}]" if rec.variant and not replaced else ""
+        what = spec_origin(source, ", ".join(changes), rec.library_candidate)
         lines.append(f"round {rec.round}: {round_verdict(rec)}{variant} - {rec.stop or rec.reason or ''}{what}")
     return lines
 
