@@ -62,7 +62,7 @@ async def test_compare_report_plots_every_arm_and_lists_their_results(tmp_path: 
     store = RunStore(ws.config.run.run_dir)
     ecdysis_run = next(r["id"] for r in store.runs() if r["id"].startswith("train-ecdysis"))
     text = render_report(store, ecdysis_run)
-    table = text[text.index('<table id="compare">'):]
+    table = text[text.index('<table id="compare"'):]
     table = table[:table.index("</table>")]
     assert all(f'<th class="num">{r.arm} s0</th>' in table for r in results)  # one column per arm and seed
     speed = text[text.index('id="plot-speed"'):]
