@@ -4,6 +4,7 @@ lineage and evidence trajectories are present; `show` and `diff` print the same 
 from __future__ import annotations
 
 import html
+import os
 import re
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from ecdysis.trainer.compare import compare
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ecdysis", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, env={**os.environ, "COLUMNS": "200"})  # not a terminal's 80 leaked by readline
 
 
 def hostile_adder(messages: list[Message]) -> str:

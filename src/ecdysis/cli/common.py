@@ -30,8 +30,9 @@ def output_width(stream: Any) -> int | None:
     return None if stream.isatty() else PIPED_WIDTH
 
 
-console = Console(width=output_width(sys.stdout))
-err_console = Console(stderr=True, width=output_width(sys.stderr))
+# Piped, a line of text is never broken (grep finds it whole); tables are laid out to the width either way.
+console = Console(width=output_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
+err_console = Console(stderr=True, width=output_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 RunDirOpt = Annotated[Path | None, typer.Option(help="Run directory (default: the config's, else runs/default).")]
