@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from ecdysis.store import RunStore
-from ecdysis.trainer.compare_results import ArmResult, add_ratios, summary_table
+from ecdysis.trainer.compare_results import ArmResult, add_ratios, summary_tables
 from ecdysis.trainer.compare_table import compare_sections
 
 SEVEN = "scripted:The answer is 7"  # right on the "sevens" suite once `answer_phrase` is enabled
@@ -29,7 +29,8 @@ TOPICS = {"sports": ["The striker scored in the cup final", "The keeper saved a 
 SIGNED_PERCENT = re.compile(r"[+-]\d+\.\d%")
 
 
-def ecdysis(*args: str, cwd: Path, columns: str | None = "400", timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def ecdysis(*args: str, cwd: Path, columns: str | None = "400",
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """The CLI in a subprocess with its output piped; `columns` is COLUMNS (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
     return subprocess.run([sys.executable, "-m", "ecdysis", *args], cwd=cwd, capture_output=True, text=True,
@@ -122,12 +123,12 @@ def test_ratios_read_the_right_way_round_and_one_seed_has_no_interval() -> None:
     assert rows["test acc - fixed's (difference)"] == ["–", "+0.250", "-0.250"]
     sections = {s.title: [label for label, _ in s.rows] for s in compare_sections(results)}
     assert "test acc vs fixed's (relative change)" not in sections["accuracy (0-1)"]
-    assert summary_table(results) is None  # one seed: nothing to put an interval on
+    assert summary_tables(results) == []  # one seed: nothing to put an interval on
     second = [ArmResult(r.arm, 1, train_wall_s=r.train_wall_s, agent_executions=r.agent_executions,
                         test_acc=r.test_acc) for r in results]
     add_ratios(second)
-    table = summary_table(results + second)
-    assert table is not None and "over 2 seeds" in str(table.title)
+    tables = summary_tables(results + second)
+    assert [str(t.title)[:31] for t in tables] == ["Mean ± 95% CI over 2 seeds (St", "Mean ± 95% CI over 2 seeds, ra"]
 
 
 # ---- wording ----------------------------------------------------------------------------------------------

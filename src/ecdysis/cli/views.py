@@ -111,33 +111,65 @@ def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+LABEL_MIN = 28  # the measure column may wrap down to this; value columns never wrap
+
+
 def compare_table(console: Console, results: list[Any]) -> None:
     """One column per arm and seed, one row per measure, in sections that keep units apart (accuracies, training
-    costs, ratios); rows no arm has a value for are left out (`trainer.compare_table`)."""
-    from ..trainer.compare_table import column_label, compare_sections
+    costs, ratios); rows no arm has a value for are left out (`trainer.compare_table`). Columns that do not fit
+    the console's width go to further tables (one per seed when a seed's columns fit), never squeezed."""
+    from ..trainer.compare_table import DASH, column_label, compare_sections
 
-    table = Table(title="Arms compared (same tasks, models, cache)")
-    table.add_column("measure")
-    for r in results:
-        table.add_column(column_label(r), justify="right")
-    for i, section in enumerate(compare_sections(results)):
-        if i:
-            table.add_section()
-        table.add_row(f"[bold]{section.title}[/]", *([""] * len(results)))
-        for label, cells in section.rows:
-            table.add_row(label, *cells)
-    console.print(table)
+    sections = compare_sections(results)
+    widths = [max(len(column_label(r)), *(len(cells[i]) for s in sections for _, cells in s.rows)) + 3
+              for i, r in enumerate(results)]
+    chunks = column_chunks(results, widths, console.width - LABEL_MIN - 4)
+    for n, chunk in enumerate(chunks):
+        part = f" ({n + 1} of {len(chunks)})" if len(chunks) > 1 else ""
+        table = Table(title=f"Arms compared (same tasks, models, cache){part}")
+        table.add_column("measure", min_width=LABEL_MIN)
+        for i in chunk:
+            table.add_column(column_label(results[i]), justify="right", no_wrap=True)
+        first = True
+        for section in sections:
+            rows = [(label, cells) for label, cells in section.rows if any(cells[i] != DASH for i in chunk)]
+            if not rows:  # e.g. a seed where fixed scored 0: no relative gain over it
+                continue
+            if not first:
+                table.add_section()
+            first = False
+            table.add_row(f"[bold]{section.title}[/]", *([""] * len(chunk)))
+            for label, cells in rows:
+                table.add_row(label, *(cells[i] for i in chunk))
+        console.print(table)
+
+
+def column_chunks(results: list[Any], widths: list[int], room: int) -> list[list[int]]:
+    """Column indexes split into tables whose columns fit in `room`: all in one when they fit, else one table
+    per seed when each seed's columns fit, else as many columns per table as fit (at least one)."""
+    if sum(widths) <= room:
+        return [list(range(len(results)))]
+    seeds = list(dict.fromkeys(r.seed for r in results))
+    by_seed = [[i for i, r in enumerate(results) if r.seed == seed] for seed in seeds]
+    if len(by_seed) > 1 and all(sum(widths[i] for i in group) <= room for group in by_seed):
+        return by_seed
+    chunks: list[list[int]] = [[]]
+    for i, width in enumerate(widths):
+        if chunks[-1] and sum(widths[j] for j in chunks[-1]) + width > room:
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks
 
 
 def compare_summary(console: Console, results: list[Any]) -> None:
     """Mean ± 95% CI per arm over its seeds, or a line saying why there is none (one seed: no interval)."""
-    from ..trainer.compare_results import summary_table
+    from ..trainer.compare_results import summary_tables
 
-    table = summary_table(results)
-    if table is None:
+    tables = summary_tables(results)
+    if not tables:
         console.print("[dim]one seed per arm: no confidence interval (use --seeds 2 or more, or pool other seeds' "
                       "compares with `ecdysis compare-summary`)[/]")
-    else:
+    for table in tables:
         console.print(table)
 
 

@@ -190,12 +190,13 @@ def add_ratios(results: list[ArmResult]) -> None:
             r.test_gain_vs_serial = r.test_acc / serial.test_acc - 1
 
 
-SUMMARY = (("test_acc", "test acc"), ("train_wall_s", "training wall s"), ("agent_executions", "agent episodes run"),
-           ("optimizer_tokens", "optimizer tokens"), ("time_to_final_s", "s to final harness"),
-           ("time_to_serial_acc_s", "s to serial's final acc"), ("speedup_vs_serial", "speed-up vs serial (x)"),
-           ("speedup_to_serial_acc", "speed-up to serial's acc (x)"),
-           ("speedup_to_serial_acc_after_seed", "the same, after the seed eval (x)"))
-NOT_TRAINED = ("train_wall_s", "agent_executions", "optimizer_tokens")  # 0 for an arm that does not train
+ABSOLUTE = (("test_acc", "test acc"), ("train_wall_s", "train s"), ("agent_executions", "episodes"),
+            ("optimizer_tokens", "optimizer tokens"), ("time_to_final_s", "s to final"),
+            ("time_to_serial_acc_s", "s to serial's acc"))
+RATIOS = (("speedup_vs_serial", "speed-up vs serial (x)"), ("speedup_to_serial_acc", "speed-up to serial's acc (x)"),
+          ("speedup_to_serial_acc_after_seed", "the same, after the seed eval (x)"))  # the per-seed table's labels
+SUMMARY = ABSOLUTE + RATIOS
+TRAINING_ONLY = ("train_wall_s", "optimizer_tokens")  # 0 for an arm that does not train
 
 
 def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
@@ -207,7 +208,8 @@ def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
         rows = [r for r in results if r.arm == arm]
         entry: dict[str, object] = {"arm": arm, "seeds": len(rows), "confidence": CONFIDENCE}
         for key, _ in SUMMARY:
-            meaningless = (key in NOT_TRAINED and arm not in (*TRAINED, "best-of-k")) or (
+            meaningless = (key in TRAINING_ONLY and arm not in TRAINED) or (
+                key == "agent_executions" and arm not in (*TRAINED, "best-of-k")) or (
                 arm == "serial" and key.startswith("speedup"))
             ci = None if meaningless else mean_ci([float(v) for r in rows if (v := getattr(r, key)) is not None])
             entry[key] = None if ci is None else ci.mean
@@ -222,27 +224,36 @@ def seeds_of(results: list[ArmResult]) -> int:
     return max((len({r.seed for r in results if r.arm == a}) for a in {r.arm for r in results}), default=0)
 
 
-def summary_table(results: list[ArmResult]) -> Table | None:
-    """Mean ± 95% CI per arm over its seeds (the terminal table printed after the per-seed one); None when no
-    arm has two seeds (an interval needs two values; the per-seed table already shows each one). Columns no
-    arm has a value for are left out."""
+def summary_tables(results: list[ArmResult]) -> list[Table]:
+    """Mean ± 95% CI per arm over its seeds (the terminal tables printed after the per-seed one): absolute measures,
+    then the ratios; none when no arm has two seeds (an interval needs two values; the per-seed table already
+    shows each one). Columns no arm has a value for are left out."""
     seeds = seeds_of(results)
     if seeds < 2:
-        return None
+        return []
     entries = summarize(results)
-    keys = [(key, name) for key, name in SUMMARY if any(e[key] is not None for e in entries)]
-    table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seeds (Student t; n = seeds with a value)")
-    table.add_column("arm")
-    for _, name in keys:
-        table.add_column(name, justify="right")
-    for entry in entries:
-        cells = []
-        for key, _ in keys:
-            m, h, n = entry[key], entry[f"{key}_ci"], entry[f"{key}_n"]
-            cell = "–" if m is None else str(Interval(float(m), None if h is None else float(h), int(n)))
-            cells.append(cell + (f" (n={n})" if m is not None and n != entry["seeds"] else ""))
-        table.add_row(str(entry["arm"]), *cells)
-    return table
+    out = []
+    for part, measures in (("", ABSOLUTE), (", ratios", RATIOS)):
+        keys = [(key, name) for key, name in measures if any(e[key] is not None for e in entries)]
+        if not keys:
+            continue
+        table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seeds{part} (Student t; n = seeds with a value)",
+                      caption="train s: training wall s; episodes: agent episodes run; s to final: s to the final "
+                              "harness" if not part else None)
+        table.add_column("arm", no_wrap=True, min_width=max(len(e["arm"]) for e in entries))  # type: ignore[arg-type]
+        for _, name in keys:
+            table.add_column(name, justify="right", no_wrap=True)
+        for entry in entries:
+            if all(entry[key] is None for key, _ in keys):
+                continue  # e.g. serial or fixed in the ratios: nothing to compare with itself or to train
+            cells = []
+            for key, _ in keys:
+                m, h, n = entry[key], entry[f"{key}_ci"], entry[f"{key}_n"]
+                cell = "–" if m is None else str(Interval(float(m), None if h is None else float(h), int(n)))
+                cells.append(cell + (f" (n={n})" if m is not None and n != entry["seeds"] else ""))
+            table.add_row(str(entry["arm"]), *cells)
+        out.append(table)
+    return out
 
 
 # ---- files ------------------------------------------------------------------------------------------------
