@@ -157,9 +157,9 @@ def test_two_rejections_stop_training_and_the_library_candidate_is_named(tmp_pat
     rows = [{"id": f"{g[0]}{i}", "prompt": f"Which topic: {text}", "answer": g,
              "split": "train" if i < 3 else "val" if i < 5 else "test"}
             for g, texts in TOPICS.items() for i, text in enumerate(texts)]
-    config = suite(tmp_path, "topics", rows, "--model", "scripted:Answer: sports",
-                   "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}")
-    out = ecdysis("train", "-c", str(config), "--run-dir", "r", cwd=tmp_path)
+    config = suite(tmp_path, "topics", rows)
+    out = ecdysis("train", "-c", str(config), "--model", "scripted:Answer: sports",
+                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--run-dir", "r", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no edit accepted in 2 rounds in a row (train.engine.stop_after_rejections = 2)" in out.stdout
     assert "nothing accepted twice" not in out.stdout
