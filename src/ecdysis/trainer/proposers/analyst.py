@@ -75,8 +75,8 @@ class AnalystProposer(Proposer):
             # a lever an earlier round already validated and rejected goes to the roles instead of repeating
             if spec is not None and spec.summary() not in engine.rejected_specs(evidence.round):
                 return Proposal(spec, evidence.patterns, source=f"library: {lever.lever} covers every "
-                                "recurring pattern (no debate)")
+                                "recurring pattern; no role asked")
         writer = SpecWriter(engine.store, engine.run_id, engine.roles, cfg.roles)
         outcome = await writer.write(key, evidence.current, evidence.patterns, cfg.train.debate_passes,
                                      debate=self.debate, earlier=engine.earlier_attempts(evidence.round))
-        return Proposal(outcome.spec, evidence.patterns, error=outcome.error)
+        return Proposal(outcome.spec, evidence.patterns, error=outcome.error, source=outcome.source)

@@ -51,7 +51,7 @@ class SerialProposer(Proposer):
         writer = SpecWriter(engine.store, engine.run_id, engine.roles, engine.cfg.roles)
         outcome = await writer.write(key, evidence.current, [pattern], 0, debate=False,
                                      earlier=earlier_edits(engine, target))
-        return Proposal(outcome.spec, [pattern], error=outcome.error, target=target)
+        return Proposal(outcome.spec, [pattern], error=outcome.error, source=outcome.source, target=target)
 
 
 def earlier_edits(engine: Engine, task_id: str) -> str:
