@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -169,6 +170,7 @@ def init(
         options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
         console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
                       f"tasks; grader {grader_ref}[/]")
+        views.split_proposal(console, counts)
     try:
         seed = seed_harness_dir(env)
         shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -180,6 +182,8 @@ def init(
         except USER_ERRORS + (ImportError, TypeError) as exc:
             fail(f"cannot load environment {env!r}: {exc}")
             return
+        with contextlib.suppress(*USER_ERRORS):  # an environment that cannot list its tasks yet: `train` warns
+            views.split_proposal(console, {split: len(environment.tasks(split)) for split in ("train", "val")})
         harness_dir.mkdir(parents=True, exist_ok=True)
         for rel, text in generic_seed_files(env, environment).items():
             (harness_dir / rel).write_text(text)
