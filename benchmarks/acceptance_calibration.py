@@ -1,6 +1,10 @@
-"""Calibration of the acceptance rules on simulated candidates of KNOWN true effect (scripted; a few minutes).
+"""Calibration of the acceptance rules on simulated candidates of KNOWN true effect (scripted, no model).
 
     PYTHONPATH=src .venv/bin/python benchmarks/acceptance_calibration.py [--reps 1000] [--batch 8] [--seed 0]
+        [--null-reps 0]
+
+About 15 minutes at --reps 1000 on a shared 2-core machine (3 minutes at --reps 200); --null-reps N adds a
+check of the sequential rule's false-accept rate on N candidates of no effect per cell.
 
 A pool of 2000 tasks with realistic base rates and per-task heterogeneity, in three regimes:
 - deterministic: temperature 0, one trial; 45% of tasks pass; a candidate flips tasks (any edit breaks ~5% of
@@ -124,6 +128,42 @@ def run(reps: int, batch: int, seed: int) -> dict:
             "sizes": list(SIZES), "cells": cells, "fixed_power": fixed}
 
 
+def null_check(reps: int, batch: int, seed: int) -> dict:
+    """The sequential rule's false-accept rate on more candidates of no effect: `sharp` (the candidate's episodes
+    are draws of the current harness's: an identical copy) and `weak` (per-task effects that cancel on the pool)."""
+    rng = np.random.default_rng(seed + 1)
+    rule = SequentialRule(ALPHA)
+    out: dict = {}
+    for regime in (Regime("stochastic", 1, rng), Regime("stochastic x3", 3, rng), Regime("deterministic", 1, rng)):
+        for null in ("sharp", "weak"):
+            accepted = {(n, looks): 0 for n in (32, 64) for looks in ("batched", "one-look")}
+            for _ in range(reps):
+                q = regime.p if null == "sharp" else regime.candidate(0.0)
+                val = rng.choice(POOL, 64, replace=False)
+                current = dict(zip(map(str, val), regime.scores(regime.p[val]), strict=True))
+                candidate = dict(zip(map(str, val), regime.scores(q[val]), strict=True))
+                ids = [str(v) for v in val]
+                for n, looks in accepted:
+                    d, _ = validate_in_batches(rule, current, candidate, ids[:n], batch if looks == "batched" else None,
+                                               trials=regime.trials)
+                    accepted[n, looks] += d.accepted
+            out.setdefault(regime.name, {})[null] = {f"{n} {looks}": a / reps for (n, looks), a in accepted.items()}
+            print(f"null check {regime.name} {null} done", flush=True)
+    return out
+
+
+def null_markdown(check: dict, reps: int) -> str:
+    lines = [f"## False-accept check ({reps} candidates of no effect per cell; sequential, alpha {ALPHA})", "",
+             "sharp: the candidate's episodes are draws of the current harness's (an identical copy); weak: per-task "
+             f"effects that cancel on the pool. Standard error at 0.05: {math.sqrt(0.05 * 0.95 / reps):.4f}.", "",
+             "| regime | null | 32 batched | 32 one-look | 64 batched | 64 one-look |", "|---|---|---:|---:|---:|---:|"]
+    for regime, by_null in check.items():
+        for null, cell in by_null.items():
+            lines.append(f"| {regime} | {null} | " + " | ".join(
+                f"{cell[k]:.4f}" for k in ("32 batched", "32 one-look", "64 batched", "64 one-look")) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def se(rate: float, reps: int) -> float:
     return math.sqrt(max(rate * (1 - rate), 1e-9) / reps)
 
@@ -170,15 +210,25 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="tasks per val batch (the engine's default: 4 x "
                                                               "run.concurrency = 8)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--null-reps", type=int, default=0, help="also check the sequential rule's false-accept "
+                                                                   "rate on this many no-effect candidates per cell")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     start = time.perf_counter()
     result = run(args.reps, args.batch, args.seed)
+    text = markdown(result)
+    if args.null_reps:
+        result["null_check"] = null_check(args.null_reps, args.batch, args.seed)
+        result["null_reps"] = args.null_reps
+        text += "\n" + null_markdown(result["null_check"], args.null_reps)
     result["wall_s"] = round(time.perf_counter() - start, 1)
+    command = (f"PYTHONPATH=src .venv/bin/python benchmarks/acceptance_calibration.py --reps {args.reps} "
+               f"--batch {args.batch} --seed {args.seed} --null-reps {args.null_reps}")
+    text += f"\nWall time {result['wall_s']} s. Command: `{command}`\n"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "calibration.json").write_text(json.dumps(result, indent=1))
-    (args.out / "calibration.md").write_text(markdown(result) + f"\nWall time {result['wall_s']} s.\n")
-    print(markdown(result))
+    (args.out / "calibration.md").write_text(text)
+    print(text)
     print(f"written {args.out}/calibration.md and calibration.json ({result['wall_s']} s)")
 
 

@@ -187,9 +187,11 @@ async def test_an_h2_repair_is_decided_on_its_exact_replays_without_val_episodes
     assert first.accepted and first.evidence is not None and first.evidence.kind == "exact replay"
     assert (first.evidence.train_gained, first.evidence.train_lost, first.evidence.val_lost) == (6, 0, 0)
     assert first.evidence.current == first.harness_before and first.evidence.candidate == first.harness_after
-    assert result.agent_executions == 6 + 4  # the seed's train and val episodes: the candidate ran no episode
-    assert ws.store.get_record(result.run_id, "timing", "r1/validate") is None
     assert ws.store.get_record(result.run_id, "timing", "r1/exact") is not None
+    # decided before any candidate episode ran; accepted, it is evaluated on val as the next base: every reply
+    # comes from the response cache (same prompts), so it costs no agent execution
+    assert result.agent_executions == 6 + 4 and result.cached_executions == 4
+    assert result.curve[-1].val_score == 0.0 and first.candidate_score == 0.0
     assert records.load(ws.store, result.run_id, RoundRecord, "r1").evidence == first.evidence
     assert "cannot be told from noise" in (result.accept_rule.warning or "")  # 4 val tasks
 

@@ -128,7 +128,7 @@ class TrainSection(BaseModel):
     failure_threshold: float = 1.0  # a trajectory scoring below this is a failure
     # how a candidate is accepted (docs/acceptance.md): "sequential" (an exact paired test with a stated
     # false-accept rate, stopping early either way), or "strict" | "tolerance" | "noise-aware" (no error rate)
-    acceptance: Literal["sequential", "strict", "tolerance", "noise-aware"] = "strict"
+    acceptance: Literal["sequential", "strict", "tolerance", "noise-aware"] = "sequential"
     alpha: float = Field(default=0.05, gt=0.0, lt=0.5)  # sequential: the false-accept rate it holds
     min_effect: float = Field(default=0.1, gt=0.0, le=1.0)  # the smallest effect worth detecting (sizes val)
     futility: float = Field(default=0.1, ge=0.0, lt=1.0)  # sequential: stop to reject when the chance of

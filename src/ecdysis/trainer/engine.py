@@ -267,8 +267,7 @@ class Engine(TrainContext):
         out.accepted, out.reason, out.taken = decision.accepted, decision.reason, decision.taken
         out.early = decision.early
         out.candidate, out.decided_on = chosen.id, measured.split
-        exact = decision.evidence is not None and decision.evidence.kind == "exact replay"
-        out.candidate_score = decision.candidate if exact else measured.score  # exact: the replayed score
+        out.candidate_score = measured.score if measured.per_task else decision.candidate  # nothing ran: replayed
         if decision.evidence is not None:
             out.evidence = decision.evidence.model_copy(update={"current": ev.current.id, "candidate": chosen.id})
         if len(versions) > 1:
@@ -350,7 +349,8 @@ class Engine(TrainContext):
         """The current harness and the candidate on the acceptance split, decided by the rule on the same task ids.
         With `train.engine.early_stop` the candidate runs in batches and the rule may decide between them. A rule
         that pools exact evidence decides an H2-only candidate on its replays (`trajectories`: the current
-        harness's training episodes) without running it, when every changed episode replays exactly."""
+        harness's training episodes) when every changed episode replays exactly; an accepted one is then evaluated
+        on the split (it is the next decision's base; cache-served where replies are cached)."""
         split, trials = self.accept_split, self.cfg.train.train_trials
         base = await self._timed(f"{key}/val-base" if split == "val" else f"{key}/base",
                                  lambda: self.evaluator.measure(current, split))
@@ -361,7 +361,10 @@ class Engine(TrainContext):
                                           runner_rerun(self.runner)),
                 (trajectories, self.train_tasks), (held, self.evaluator.tasks["val"]), base.score or 0.0))
             if decided is not None:
-                return decided, Measured(chosen.id, split, base.expected, trials)
+                cand = Measured(chosen.id, split, base.expected, trials)
+                if decided.accepted:  # now the current harness: its evaluation is the next decision's base
+                    cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(chosen, split))
+                return decided, cand
         early = self.cfg.train.engine.early_stop and base.complete
         validation = self.rule.start(base.per_task, base.expected, split,
                                      self.evaluator.batches.get(split) if early else None, trials)
