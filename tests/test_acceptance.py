@@ -258,6 +258,10 @@ async def test_a_prompt_edit_is_accepted_early_by_the_test_and_the_record_says_w
     text = out.getvalue()
     assert "sequential test (sequential) on val: 8/16 tasks" in text and "Decisions" in text
     assert "false-accept rate 0.05" in text
+    from ecdysis.report.html import write_report
+
+    html = write_report(ws.store, result.run_id, tmp_path / "report.html").read_text()
+    assert "<b>Evidence:</b> sequential test (sequential) on val: 8/16 tasks" in html
 
 
 def test_noise_floor_and_pass_hat_k_are_recorded_with_trials() -> None:
