@@ -10,14 +10,17 @@
 - H2 `realize`: the library's `realize_message` (repairs before and after the harness's `realize`,
   per-call repairs) plus schema validation, against the request's tools.
 
-The harness's own Python layers (`action.py`, `regulate.py`: model-written) run in a long-lived sandboxed
-worker (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless `code="inprocess"`
-(`serve --trust-harness-code`: faster, for a harness you reviewed). The library's layers run here. A harness
-that fails to load (here or in its sandbox) raises `HarnessError` naming the file.
+The harness's own Python layers (`action.py`, `regulate.py`: model-written) run sandboxed, in a fresh child
+process per request (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless
+`code="inprocess"` (`serve --trust-harness-code`: for a harness you reviewed; its module state is then shared
+by every conversation). The library's layers run here, and the host validates H2's actions against the
+request's tools itself. A harness that fails to load (here or in its sandbox) raises `HarnessError` naming
+the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import traceback
@@ -36,7 +39,8 @@ from ..harness.repairs import REPAIRS_FILE, parse_repairs, repair_message
 from ..harness.skills import parse_demos
 from ..harness.tool_calls import native_realize, parse_arguments, validate
 from ..models.base import Message
-from .sandboxed import LayerCodeError, SandboxedLayers, probe
+from .messages import CallRecord, Realized, RealizeRequest, RegulateRequest, StateRecord, Verdicts
+from .sandboxed import LayerCodeError, SandboxedLayers, request_id
 
 
 class HarnessRuntimeError(RuntimeError):
@@ -95,7 +99,8 @@ def _layer_function(harness: HarnessVersion, root: Path, layer: str, function: s
 class ServedHarness:
     """One harness directory, loaded once and applied to every request."""
 
-    def __init__(self, directory: Path | str, code: Literal["sandbox", "inprocess"] = "sandbox") -> None:
+    def __init__(self, directory: Path | str, code: Literal["sandbox", "inprocess"] = "sandbox",
+                 concurrency: int = 16) -> None:
         self.root = Path(directory).resolve()
         self.version = load_harness(self.root)
         m = self.version.manifest
@@ -107,11 +112,12 @@ class ServedHarness:
         self._regulate: Callable[..., Any] | None = None
         self.has_action, self.has_regulate = bool(m.files.action), bool(m.files.regulate)
         if code == "sandbox" and (self.has_action or self.has_regulate):
+            self.sandbox = SandboxedLayers(self.version.files, concurrency)
             try:
-                self.isolation = probe(self.version.files)
+                self.isolation = self.sandbox.start()
             except LayerCodeError as exc:
+                self.sandbox.close()
                 raise HarnessError(f"{self.root}: {exc}") from exc
-            self.sandbox = SandboxedLayers(self.version.files)
             self._realize = None if self.has_action else native_realize
         else:
             self.isolation = "in-process" if (self.has_action or self.has_regulate) else "no harness code"
@@ -123,7 +129,8 @@ class ServedHarness:
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
         self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-        self._verdict_cache: dict[str, Verdict] = {}
+        # H4 verdicts by state digest, each with the digests of the states its request showed the harness code
+        self._verdict_cache: dict[str, tuple[Verdict, frozenset[str]]] = {}
 
     def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
         """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
@@ -213,24 +220,33 @@ class ServedHarness:
     async def _verdicts(self, states: list[StepState]) -> list[Verdict]:
         """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
         call, result and history: every later turn sends it again) is answered from a cache, so each request
-        regulates only its new results."""
-        records = [json.dumps(_state_record(s), sort_keys=True) for s in states]
-        missing = [i for i, key in enumerate(records) if key not in self._verdict_cache]
+        regulates only its new results. A cached verdict is used only by a request that holds every state the
+        harness code saw when it gave it (a verdict may encode any of them): no conversation gets a verdict
+        made from text it did not send itself."""
+        keys = [_state_key(s) for s in states]
+        held = frozenset(keys)
+        missing = [i for i, key in enumerate(keys)
+                   if key not in self._verdict_cache or not self._verdict_cache[key][1] <= held]
         if missing:
             fresh = await self._regulate_states([states[i] for i in missing])
             if len(self._verdict_cache) > 50_000:
                 self._verdict_cache.clear()
+            seen = frozenset(keys[i] for i in missing)
             for i, verdict in zip(missing, fresh, strict=True):
-                self._verdict_cache[records[i]] = verdict
-        return [self._verdict_cache[key] for key in records]
+                self._verdict_cache[keys[i]] = (verdict, seen)
+            by_index = dict(zip(missing, fresh, strict=True))
+            return [by_index[i] if i in by_index else self._verdict_cache[key][0] for i, key in enumerate(keys)]
+        return [self._verdict_cache[key][0] for key in keys]
 
     async def _regulate_states(self, states: list[StepState]) -> list[Verdict]:
         if self.sandbox is not None:
             try:
-                raw = await self.sandbox.call("regulate", {"states": [_state_record(s) for s in states]})
+                reply = await self.sandbox.call(RegulateRequest(id=request_id(),
+                                                                states=[StateRecord.of(s) for s in states]))
             except LayerCodeError as exc:
                 raise HarnessRuntimeError(f"H4 regulate(): {exc}") from exc
-            return [Verdict(v["annotation"], bool(v["stop"]), v["reason"]) for v in raw]
+            assert isinstance(reply, Verdicts)
+            return [v.verdict() for v in reply.verdicts]
         out = []
         for state in states:
             try:
@@ -253,13 +269,18 @@ class ServedHarness:
                 raise HarnessRuntimeError(f"H2 realize() raised: {traceback.format_exception_only(exc)[-1].strip()}"
                                           ) from exc
         assert self.sandbox is not None
-        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+        request = RealizeRequest(id=request_id(), text=reply.text, turn=turn, task=task_prompt,
+                                 calls=[CallRecord(id=c.id, name=c.name, arguments=c.arguments)
+                                        for c in reply.tool_calls],
+                                 tools=[t.to_record() for t in tools])
         try:
-            raw = await self.sandbox.call("realize", {"text": reply.text, "calls": calls, "turn": turn,
-                                                      "task": task_prompt, "tools": [t.to_record() for t in tools]})
+            realized = await self.sandbox.call(request)
         except LayerCodeError as exc:
             raise HarnessRuntimeError(f"H2 realize(): {exc}") from exc
-        return outcome_from_record(raw)
+        assert isinstance(realized, Realized)
+        outcome = Outcome(realized.text, [a.action() for a in realized.actions], realized.repairs,
+                          realized.reject_rule, realized.feedback)
+        return validated(outcome, tools)
 
     async def aclose(self) -> None:
         if self.sandbox is not None:
@@ -270,43 +291,32 @@ class ServedHarness:
             self.sandbox.close()
 
 
-def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
-                    turn: int, task_prompt: str) -> Outcome:
-    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
+def realized_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
+                     turn: int, task_prompt: str) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs), not yet validated."""
     ctx = ActionContext(tools, turn, task_prompt, conversational=True)
     repaired, _ = repair_message(repairs, reply, tools)
     realized = realize_message(realize, repairs, reply, ctx)
     if realized.reject is not None:
         return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
                        realized.reject.feedback)
-    invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
+    return Outcome(repaired.text, realized.actions, realized.repairs)
+
+
+def validated(outcome: Outcome, tools: tuple[ToolSpec, ...]) -> Outcome:
+    """The outcome with its actions checked against the request's tools (run by the host: harness code in the
+    sandbox does not decide which of its calls are valid)."""
+    if outcome.reject_rule:
+        return outcome
+    invalid = [(a, *problem) for a in outcome.actions if (problem := validate(a, tools)) is not None]
     feedback = "\n".join(message for _, _, message in invalid)
-    return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
+    return Outcome(outcome.text, outcome.actions, outcome.repairs, "", feedback, invalid)
 
 
-def _action_record(a: Action) -> dict[str, Any]:
-    return {"tool": a.tool, "input": a.input, "arguments": a.arguments, "call_id": a.call_id}
-
-
-def _action_of(d: dict[str, Any]) -> Action:
-    return Action(d["tool"], d.get("input", ""), d.get("arguments"), d.get("call_id", ""))
-
-
-def _state_record(s: StepState) -> dict[str, Any]:
-    return {"turn": s.turn, "max_turns": s.max_turns, "action": _action_record(s.action),
-            "observation": s.observation, "history": [(_action_record(a), o) for a, o in s.history]}
-
-
-def outcome_record(o: Outcome) -> dict[str, Any]:
-    """An Outcome as JSON (what the sandboxed worker sends back)."""
-    return {"text": o.text, "actions": [_action_record(a) for a in o.actions], "repairs": o.repairs,
-            "reject_rule": o.reject_rule, "feedback": o.feedback,
-            "invalid": [(_action_record(a), kind, message) for a, kind, message in o.invalid]}
-
-
-def outcome_from_record(d: dict[str, Any]) -> Outcome:
-    return Outcome(d["text"], [_action_of(a) for a in d["actions"]], list(d["repairs"]), d["reject_rule"],
-                   d["feedback"], [(_action_of(a), kind, message) for a, kind, message in d["invalid"]])
+def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
+                    turn: int, task_prompt: str) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
+    return validated(realized_outcome(realize, repairs, reply, tools, turn, task_prompt), tools)
 
 
 def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:
@@ -330,6 +340,15 @@ def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcom
         out.append(Message(role="tool", tool_call_id=c["id"], content=bad.get(
             c["id"], "(not run: another call in this message was invalid; send the corrected calls again)")))
     return out
+
+
+def _state_key(s: StepState) -> str:
+    """A digest of everything H4 sees of one state."""
+    def action(a: Action) -> list[Any]:
+        return [a.tool, a.input, a.arguments, a.call_id]
+
+    record = [s.turn, s.max_turns, action(s.action), s.observation, [(action(a), o) for a, o in s.history]]
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
 def arguments_text(action: Action) -> str:
