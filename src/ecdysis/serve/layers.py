@@ -10,8 +10,8 @@
 - H2 `realize`: the library's `realize_message` (repairs before and after the harness's `realize`,
   per-call repairs) plus schema validation, against the request's tools.
 
-The harness's own Python layers (`action.py`, `regulate.py`: model-written) run sandboxed, in a fresh child
-process per request (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless
+The harness's own Python layers (`action.py`, `regulate.py`: model-written) run sandboxed, in a worker
+process per conversation (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless
 `code="inprocess"` (`serve --trust-harness-code`: for a harness you reviewed; its module state is then shared
 by every conversation). The library's layers run here, and the host validates H2's actions against the
 request's tools itself. A harness that fails to load (here or in its sandbox) raises `HarnessError` naming
@@ -40,7 +40,7 @@ from ..harness.skills import parse_demos
 from ..harness.tool_calls import native_realize, parse_arguments, validate
 from ..models.base import Message
 from .messages import CallRecord, Realized, RealizeRequest, RegulateRequest, StateRecord, Verdicts
-from .sandboxed import LayerCodeError, SandboxedLayers, request_id
+from .sandboxed import LayerCodeError, Lineage, SandboxedLayers, request_id
 
 
 class HarnessRuntimeError(RuntimeError):
@@ -129,8 +129,8 @@ class ServedHarness:
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
         self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-        # H4 verdicts by state digest, each with the digests of the states its request showed the harness code
-        self._verdict_cache: dict[str, tuple[Verdict, frozenset[str]]] = {}
+        # H4 verdicts by state digest, each with the lineage digest of the request it was given in
+        self._verdict_cache: dict[str, tuple[Verdict, str]] = {}
 
     def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
         """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
@@ -159,14 +159,17 @@ class ServedHarness:
         return self.manifest.name
 
     # H3 + H5 + H4 ---------------------------------------------------------------------------------
-    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
-        """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated."""
+    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...], lineage: Lineage | None = None
+                      ) -> Prepared:
+        """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated.
+        `lineage`: the request's place in its conversation (which sandboxed worker serves it)."""
+        lineage = lineage or Lineage.of(messages)
         agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         rest = [m for m in messages if m.role != "system"]
         first_user = next((m.content for m in rest if m.role == "user"), "")
         contract, tips, skill_ids = self._system(tools, first_user)
         system = "\n\n".join(part for part in (contract, agent_system) if part)
-        rest, annotations, stop, observations = await self.regulate_results(rest)
+        rest, annotations, stop, observations = await self.regulate_results(rest, lineage)
         out = [Message(role="system", content=system)] if system else []
         out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
         out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
@@ -178,7 +181,7 @@ class ServedHarness:
             out.append(m)
         return Prepared(out, system, tips, skill_ids, first_user, annotations, stop, observations)
 
-    async def regulate_results(self, messages: list[Message]
+    async def regulate_results(self, messages: list[Message], lineage: Lineage
                                ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
         """H4 over every tool result; returns (messages, newest annotations, newest stop, newest results)."""
         last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
@@ -203,7 +206,7 @@ class ServedHarness:
             history.append((action, m.content))
         if not states or not self.has_regulate:
             return messages, [], None, observations
-        verdicts = await self._verdicts([state for _, state in states])
+        verdicts = await self._verdicts([state for _, state in states], lineage)
         out = list(messages)
         newest: list[str] = []
         stop: Verdict | None = None
@@ -217,32 +220,28 @@ class ServedHarness:
                 stop = verdict
         return out, newest, stop, observations
 
-    async def _verdicts(self, states: list[StepState]) -> list[Verdict]:
+    async def _verdicts(self, states: list[StepState], lineage: Lineage) -> list[Verdict]:
         """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
         call, result and history: every later turn sends it again) is answered from a cache, so each request
-        regulates only its new results. A cached verdict is used only by a request that holds every state the
-        harness code saw when it gave it (a verdict may encode any of them): no conversation gets a verdict
-        made from text it did not send itself."""
+        regulates only its new results. A cached verdict serves only a later request of the conversation it
+        was given in (one whose messages extend that request's: a verdict may encode anything its worker saw),
+        so no conversation gets a verdict made from text it did not send itself."""
         keys = [_state_key(s) for s in states]
-        held = frozenset(keys)
         missing = [i for i, key in enumerate(keys)
-                   if key not in self._verdict_cache or not self._verdict_cache[key][1] <= held]
-        if missing:
-            fresh = await self._regulate_states([states[i] for i in missing])
-            if len(self._verdict_cache) > 50_000:
-                self._verdict_cache.clear()
-            seen = frozenset(keys[i] for i in missing)
-            for i, verdict in zip(missing, fresh, strict=True):
-                self._verdict_cache[keys[i]] = (verdict, seen)
-            by_index = dict(zip(missing, fresh, strict=True))
-            return [by_index[i] if i in by_index else self._verdict_cache[key][0] for i, key in enumerate(keys)]
-        return [self._verdict_cache[key][0] for key in keys]
+                   if key not in self._verdict_cache or not lineage.extends(self._verdict_cache[key][1])]
+        fresh = dict(zip(missing, await self._regulate_states([states[i] for i in missing], lineage), strict=True)
+                     ) if missing else {}
+        if len(self._verdict_cache) > 50_000:
+            self._verdict_cache.clear()
+        for i, verdict in fresh.items():
+            self._verdict_cache[keys[i]] = (verdict, lineage.full)
+        return [fresh[i] if i in fresh else self._verdict_cache[key][0] for i, key in enumerate(keys)]
 
-    async def _regulate_states(self, states: list[StepState]) -> list[Verdict]:
+    async def _regulate_states(self, states: list[StepState], lineage: Lineage) -> list[Verdict]:
         if self.sandbox is not None:
             try:
                 reply = await self.sandbox.call(RegulateRequest(id=request_id(),
-                                                                states=[StateRecord.of(s) for s in states]))
+                                                                states=[StateRecord.of(s) for s in states]), lineage)
             except LayerCodeError as exc:
                 raise HarnessRuntimeError(f"H4 regulate(): {exc}") from exc
             assert isinstance(reply, Verdicts)
@@ -260,8 +259,10 @@ class ServedHarness:
         return out
 
     # H2 -------------------------------------------------------------------------------------------
-    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
-        """H2 on one upstream reply against the request's tools: repairs, realize, validation."""
+    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str,
+                      lineage: Lineage | None = None) -> Outcome:
+        """H2 on one upstream reply against the request's tools: repairs, realize, validation. `lineage`: the
+        request's place in its conversation (None: a sandboxed worker of its own)."""
         if self._realize is not None:
             try:
                 return realize_outcome(self._realize, self.repairs, reply, tools, turn, task_prompt)
@@ -274,7 +275,7 @@ class ServedHarness:
                                         for c in reply.tool_calls],
                                  tools=[t.to_record() for t in tools])
         try:
-            realized = await self.sandbox.call(request)
+            realized = await self.sandbox.call(request, lineage)
         except LayerCodeError as exc:
             raise HarnessRuntimeError(f"H2 realize(): {exc}") from exc
         assert isinstance(realized, Realized)

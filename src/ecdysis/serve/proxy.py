@@ -22,6 +22,7 @@ from ..harness.tool_calls import openai_tools
 from ..models.base import ChatModel, ChatRequest, GenerationParams, Message
 from .layers import ServedHarness, arguments_text, harness_reply, retry_messages
 from .record import TraceRecorder, TurnRecord
+from .sandboxed import Lineage
 from .wire import ChatCompletionRequest, FinalReply, OutgoingCall
 
 log = logging.getLogger("ecdysis.serve")
@@ -96,7 +97,8 @@ class Proxy:
         started = time.time()
         clock = time.perf_counter()
         tools = req.tool_specs()
-        prepared = await self.harness.prepare(messages, tools)
+        lineage = Lineage.of(messages)  # which sandboxed worker serves this conversation
+        prepared = await self.harness.prepare(messages, tools, lineage)
         events: list[dict[str, Any]] = []
         if first_turn:
             events.append({"kind": "prompt", "turn": turn_index, "system": prepared.system, "skills": prepared.skills,
@@ -132,7 +134,7 @@ class Proxy:
                            "latency_s": response.latency_s, "cache_hit": response.cache_hit,
                            "retries": response.retries})
             outcome = await self.harness.realize(harness_reply(response.text, calls), tools, model_calls + attempt,
-                                           prepared.task_prompt)
+                                                 prepared.task_prompt, lineage)
             record.repairs += outcome.repairs
             events += [{"kind": "repair", "turn": turn_index, "name": name} for name in outcome.repairs]
             if outcome.reject_rule:

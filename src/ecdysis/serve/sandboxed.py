@@ -1,65 +1,45 @@
-"""The harness's own code (H2 `action.py`, H4 `regulate.py`) run sandboxed, in a fresh child process per request.
+"""The harness's own code (H2 `action.py`, H4 `regulate.py`) run sandboxed: one worker per conversation.
 
 Harness code is written by a model: the proxy, which holds the upstream's keys, does not import it, and no
-state of it outlives the request it ran for, so none passes from one conversation to another. A template
-process (`serve/zygote.py`) runs under bubblewrap, in a pids cgroup, with the library imported but no harness
-code run; it forks one child per request. The child enters namespaces of its own (private /sandbox, /tmp and
-/dev/shm, its own PID, network and IPC namespaces), applies rlimits and the audit hook, loads the harness
-code, answers exactly one request (`serve/messages.py`, framed by `sandbox/framing.py`) and is killed. A few
-children are forked and loaded ahead (`spares`), so a request rarely waits for one. Where nested namespaces
-are unavailable, each request gets a fresh confined process instead (also started ahead; slower under load).
+state of it passes from one conversation to another. Each conversation gets a worker process of its own
+(`children.py`): forked from a template that has imported the library but run no harness code, in namespaces
+of its own (private /sandbox, /tmp and /dev/shm; its own PID, network and IPC namespaces), under rlimits,
+the audit hook and the template's pids cgroup. It loads the harness code itself, so whatever the code keeps
+in module globals, files or processes stays with that conversation and dies with its worker.
+
+A conversation is recognised by content, never by a name a client chooses: the client resends the whole
+history with every request, so a worker that served a request whose messages are a strict prefix of this
+request's messages is this conversation's (`Lineage`). A request that extends no worker's history gets a
+fresh worker; two clients share one only if the second sends the first one's whole conversation. Idle
+workers are parked for `IDLE_S` (at most `max_parked`, least recently used ended first); a few fresh ones are
+kept loaded ahead (`spares`).
 
 Every request carries a random id. The reply must be one valid message with that id, of the request's kind,
-within `CALL_TIMEOUT_S`; anything else (an extra or malformed line, another id, a line over
-`framing.MAX_LINE`, no answer, a child that died) fails that request with LayerCodeError (HTTP 500) and
-kills its child; the next request has a fresh child anyway. Processes are bounded by the template's pids
-cgroup (else RLIMIT_NPROC): a fork bomb fails its fork, and so its request.
+within `CALL_TIMEOUT_S`; anything else (a malformed, extra or oversize line, another id, no answer, a worker
+that died, a line written while parked) fails that request with LayerCodeError (HTTP 500) and kills the
+worker; the conversation's next request gets a fresh one. A fork bomb spends the pids cgroup's budget (else
+RLIMIT_NPROC): its fork fails, and so its request.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import json
+import hashlib
 import os
-import select
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
-import threading
-from pathlib import Path
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from ..sandbox.confine import TASK_MARGIN, bwrap_path, confine_argv, pids_cgroup, pids_cgroup_root, uid_tasks
-from ..sandbox.forkserver import STREAM_LIMIT, Forked, ForkServer, ZygoteError
-from ..sandbox.framing import MAX_LINE, ProtocolError, decode, encode, read_message
-from ..sandbox.view import SandboxView
-from ..sandbox.workers import SRC_ROOT, ProcessWorker, Worker, worker_env
-from .messages import (
-    Failed,
-    LayerReply,
-    LoadFailed,
-    Ready,
-    Realized,
-    RealizeRequest,
-    RegulateRequest,
-    StartMessage,
-    Verdicts,
-)
+from pydantic import BaseModel
 
+from ..sandbox.confine import TASK_MARGIN
+from ..sandbox.framing import ProtocolError, encode, read_message
+from .children import Child, Children, LayerCodeError, violation
+from .messages import Failed, LayerReply, Realized, RealizeRequest, RegulateRequest, Verdicts
+
+__all__ = ["CALL_TIMEOUT_S", "LayerCodeError", "Lineage", "SandboxedLayers", "request_id"]
 CALL_TIMEOUT_S = 10.0  # one request's harness code
-LOAD_TIMEOUT_S = 60.0  # a child loading the harness code (imports included)
-LIMITS = {"memory_mb": 2048, "cpu_s": 60, "file_mb": 16}  # per child, i.e. per request
-STDERR_TAIL = 2000
-ZYGOTE = "ecdysis.serve.zygote"
-
-
-class LayerCodeError(RuntimeError):
-    """The sandboxed harness code failed, broke the protocol, timed out or its child died (the message says
-    which). Only the request it ran for fails."""
+IDLE_S = 300.0  # a conversation's worker is ended after this long without a request
+MAX_PARKED = 32  # idle conversation workers kept
 
 
 def request_id() -> str:
@@ -67,218 +47,176 @@ def request_id() -> str:
     return os.urandom(12).hex()
 
 
-def _violation(what: str) -> LayerCodeError:
-    return LayerCodeError(f"harness code broke the sandbox protocol ({what}); this request failed and its "
-                          "worker was killed (the next request gets a fresh one)")
+class Lineage:
+    """Where a request stands in its conversation, by content: a digest of each prefix of its messages
+    (computed on first use: a request that runs no harness code does not pay for it)."""
 
+    def __init__(self, messages: Sequence[BaseModel]) -> None:
+        self._messages = messages
+        self._prefixes: list[str] | None = None
+        self._earlier: frozenset[str] | None = None
+        self.child: Child | None = None  # the worker serving this request, once bound
 
-def _limits(tasks: int, cgroup: bool) -> dict[str, Any]:
-    """The child's rlimits; with no pids cgroup, RLIMIT_NPROC bounds its processes (the user's, counted now)."""
-    return {**LIMITS, **({} if cgroup else {"max_tasks": uid_tasks() + tasks})}
+    @classmethod
+    def of(cls, messages: Sequence[BaseModel]) -> Lineage:
+        return cls(messages)
 
+    @property
+    def prefixes(self) -> list[str]:
+        if self._prefixes is None:
+            digest, self._prefixes = hashlib.sha256(), []
+            for message in self._messages:
+                digest.update(message.model_dump_json().encode() + b"\n")
+                self._prefixes.append(digest.copy().hexdigest())
+        return self._prefixes
 
-def _read_start(sock: socket.socket, timeout_s: float) -> Ready | LoadFailed:
-    """A child's first message, read from a blocking socket (start-up, outside the event loop)."""
-    sock.settimeout(timeout_s)
-    data = bytearray()
-    try:
-        while b"\n" not in data and len(data) <= MAX_LINE:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data.extend(chunk)
-    except TimeoutError:
-        raise LayerCodeError(f"the sandboxed harness code did not load within {timeout_s:g}s") from None
-    if not data:
-        raise LayerCodeError("the sandboxed worker exited before loading the harness code")
-    try:
-        return decode(bytes(data.split(b"\n", 1)[0]), StartMessage)
-    except ProtocolError as exc:
-        raise _violation(str(exc)) from None
+    @property
+    def full(self) -> str:
+        return self.prefixes[-1] if self.prefixes else ""
 
-
-async def _drain(stream: asyncio.StreamReader, tail: bytearray) -> None:
-    with contextlib.suppress(Exception):
-        while chunk := await stream.read(65536):
-            tail.extend(chunk)
-            del tail[: max(0, len(tail) - STDERR_TAIL)]
+    def extends(self, digest: str) -> bool:
+        """Whether this request's messages strictly extend those of the request with lineage digest `digest`."""
+        if self._earlier is None:
+            self._earlier = frozenset(self.prefixes[:-1])
+        return digest in self._earlier
 
 
 class SandboxedLayers:
-    """Host side: a fresh sandboxed child per `call`, forked from the template (or a fresh process where
-    nested namespaces are unavailable), `spares` of them kept loaded ahead of need (in the serving loop).
-    `concurrency`: requests served at once, which sizes the process budget."""
+    """Host side: a sandboxed worker per conversation; `spares` fresh ones loaded ahead, `max_parked` idle ones
+    kept. `concurrency`: requests served at once (with the parked and spare workers, it sizes the process
+    budget). Calls run in one event loop (the serving loop)."""
 
-    def __init__(self, files: dict[str, str], concurrency: int = 16, spares: int = 2) -> None:
-        self.files = files
-        self.spares = max(0, spares)
-        self.max_tasks = TASK_MARGIN + 3 * (max(1, concurrency) + self.spares) + 8
+    def __init__(self, files: dict[str, str], concurrency: int = 16, spares: int = 4,
+                 max_parked: int = MAX_PARKED) -> None:
+        self.spares, self.max_parked = max(0, spares), max(0, max_parked)
+        self.children = Children(files, TASK_MARGIN + 3 * (max(1, concurrency) + self.spares + self.max_parked) + 8)
         self.isolation = ""
-        self._dir = ""
-        self._root = ""
-        self._server: ForkServer | None = None
-        self._lock = threading.Lock()
-        self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-fork")
-        self._ready: list[_Child] = []  # loaded children waiting for a request
-        self._preparing: set[asyncio.Task[None]] = set()
+        self._spare: list[Child] = []  # fresh, loaded, oldest first
+        self._parked: dict[str, Child] = {}  # by the lineage digest of the last request served; least recent first
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._preparing = 0
+        self._expiry: asyncio.TimerHandle | None = None
         self._closed = False
 
-    # start-up --------------------------------------------------------------------------------------
     def start(self) -> str:
-        """Copy the harness, start the template and load the harness code once in a child (blocking). Returns
-        the isolation the children get; LayerCodeError with the harness code's error if it does not load."""
-        from ..harness.manifest import version_from_files
-
-        self._dir = tempfile.mkdtemp(prefix="ecdysis-serve-")
-        self._root = str(version_from_files(self.files, origin="harness").write(Path(self._dir) / "harness"))
-        self._server = self._start_server()
-        if self._server is None:
-            start = self._probe_process()
-        else:
-            forked = self._fork()
-            try:
-                start = _read_start(forked.channel, LOAD_TIMEOUT_S)
-            finally:
-                forked.close()
-        if isinstance(start, LoadFailed):
-            raise LayerCodeError(start.error)
-        cgroup = self._server is not None and self._server.cgroup is not None
-        self.isolation = start.isolation + ("+pids-cgroup" if cgroup else "")
+        """Start the template and load the harness code once (blocking); the isolation workers get."""
+        self.isolation = self.children.start(ahead=self.spares)
         return self.isolation
 
-    def _start_server(self) -> ForkServer | None:
-        limits = _limits(self.max_tasks, pids_cgroup_root() is not None)
-        return ForkServer.start(SRC_ROOT, worker_env("/sandbox"), SandboxView(read_only=(self._root,)),
-                                max_tasks=self.max_tasks, module=ZYGOTE, args=(self._root, json.dumps(limits)))
+    def _background(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _process_command(self) -> tuple[list[str], dict[str, str], str, Any, str]:
-        """(argv, env, workdir, cgroup, measures) of a fresh child process (the fallback)."""
-        workdir = tempfile.mkdtemp(prefix="ecdysis-serve-sbx-")
-        cgroup = pids_cgroup(TASK_MARGIN)
-        measures = "+".join(m for m, on in (("bwrap", bwrap_path()), ("pids-cgroup", cgroup)) if on)
-        command = [sys.executable, "-m", ZYGOTE, "--once", self._root,
-                   json.dumps(_limits(TASK_MARGIN, cgroup is not None)), measures]
-        env = worker_env(workdir)
-        confined = confine_argv(command, env, SRC_ROOT, [self._root], [])
-        return (confined or command), (env if confined is None else {}), workdir, cgroup, measures
-
-    def _probe_process(self) -> Ready | LoadFailed:
-        argv, env, workdir, cgroup, _ = self._process_command()
-        try:
-            done = subprocess.run(argv, input=b"", capture_output=True, timeout=LOAD_TIMEOUT_S, cwd=workdir,
-                                  env=env or None, check=False, preexec_fn=cgroup.enter if cgroup else None)
-        except subprocess.TimeoutExpired:
-            raise LayerCodeError(f"the sandboxed harness code did not load within {LOAD_TIMEOUT_S:g}s") from None
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-            if cgroup is not None:
-                cgroup.release()
-        first = done.stdout.split(b"\n", 1)[0]
-        if not first:
-            raise LayerCodeError(done.stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
-                                 or f"the sandboxed worker exited with status {done.returncode}")
-        try:
-            return decode(first, StartMessage)
-        except ProtocolError as exc:
-            raise _violation(str(exc)) from None
-
-    # children ----------------------------------------------------------------------------------------
-    def _fork(self) -> Forked:
-        """A child forked from the template (blocking, a few ms); a new template if the old one died."""
-        server = self._server
-        assert server is not None
-        try:
-            return server.fork()
-        except ZygoteError as exc:
-            if server.alive():  # the process budget is spent: a fork bomb in a request running now
-                raise LayerCodeError(f"no sandboxed worker could be forked for this request ({exc})") from None
-        with self._lock:
-            if self._server is server and not self._closed:
-                server.close()
-                self._server = self._start_server()
-        if self._server is None:
-            raise LayerCodeError("the sandbox's template process died and could not be restarted")
-        try:
-            return self._server.fork()
-        except ZygoteError as exc:
-            raise LayerCodeError(f"no sandboxed worker could be forked for this request ({exc})") from None
-
-    async def _start_process(self) -> ProcessWorker:
-        argv, env, workdir, cgroup, measures = self._process_command()
-        proc = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=workdir, env=env or None, start_new_session=True, limit=STREAM_LIMIT,
-            preexec_fn=cgroup.enter if cgroup else None)
-        return ProcessWorker(proc, measures, workdir, asyncio.get_running_loop(), cgroup)
-
-    async def _prepare(self) -> _Child:
-        """A child of its own that has loaded the harness code and waits for its request."""
-        if self._server is not None:
-            forked = await asyncio.wrap_future(self._threads.submit(self._fork))
-            assert self._server is not None
-            worker: Worker = await forked.open(self._server)
-        else:
-            worker = await self._start_process()
-        child = _Child(worker)
-        try:
-            start = await asyncio.wait_for(read_message(worker.reader, StartMessage), LOAD_TIMEOUT_S)
-        except ProtocolError as exc:
-            await child.release()
-            raise _violation(str(exc)) from None
-        except (TimeoutError, OSError) as exc:
-            await child.release()
-            raise LayerCodeError(f"the sandboxed harness code did not load ({exc.__class__.__name__})") from None
-        if not isinstance(start, Ready):
-            await child.release()
-            raise LayerCodeError(start.error if start is not None else await child.died())
-        return child
-
-    async def _spare(self) -> None:
-        try:
-            child = await self._prepare()
-        except (LayerCodeError, OSError):
-            return  # the request that needs one prepares its own and reports why it failed
-        if self._closed:
-            await child.release()
-        else:
-            self._ready.append(child)
-
-    def _refill(self) -> None:
-        """Prepare children ahead, up to `spares` ready or on their way (after a reply: a child's start-up
-        then does not compete with the request it would serve)."""
-        for _ in range(self.spares - len(self._ready) - len(self._preparing)):
-            task = asyncio.get_running_loop().create_task(self._spare())
-            self._preparing.add(task)
-            task.add_done_callback(self._preparing.discard)
-
-    async def _take(self) -> _Child:
-        while self._ready:
-            child = self._ready.pop(0)  # the oldest: longest settled
+    # workers -------------------------------------------------------------------------------------------
+    async def _fresh(self) -> Child:
+        while self._spare:
+            child = self._spare.pop(0)  # the oldest: longest settled (see zygote._settle)
             if child.alive():
                 return child
             await child.release()
-        return await self._prepare()
+        return await self.children.prepare()
 
-    # one request -------------------------------------------------------------------------------------
-    async def call(self, request: RealizeRequest | RegulateRequest) -> Realized | Verdicts:
-        """The harness code's answer to `request`, from a fresh child; LayerCodeError if it fails in any way."""
+    async def _add_spare(self) -> None:
+        try:
+            child = await self.children.prepare()
+        except (LayerCodeError, OSError):
+            return  # the request that needs one prepares its own and reports why it failed
+        finally:
+            self._preparing -= 1
+        if self._closed:
+            await child.release()
+        else:
+            self._spare.append(child)
+
+    def _refill(self) -> None:
+        """Prepare fresh workers ahead, up to `spares` (after a reply: a worker's start-up then does not compete
+        with the request it would serve)."""
+        for _ in range(self.spares - len(self._spare) - self._preparing):
+            self._preparing += 1
+            self._background(self._add_spare())
+
+    async def _claim(self, lineage: Lineage | None) -> Child:
+        """This conversation's parked worker if there is one (the one bound to this request first), else a fresh one."""
+        if lineage is not None:
+            key = lineage.full if lineage.child is not None and self._parked.get(lineage.full) is lineage.child \
+                else next((d for d in reversed(lineage.prefixes[:-1]) if d in self._parked), None)
+            if key is not None:
+                child = self._parked.pop(key)
+                if child.watch is not None:
+                    child.watch.cancel()
+                if child.alive():
+                    return child
+                await child.release()
+        return await self._fresh()
+
+    def _park(self, child: Child, key: str) -> None:
+        """Keep `child` for its conversation's next request; anything it writes meanwhile ends it."""
+        previous = self._parked.pop(key, None)
+        if previous is not None and previous is not child:
+            self._background(previous.release())
+        child.last, child.used = key, asyncio.get_running_loop().time()
+        self._parked[key] = child
+        child.watch = asyncio.get_running_loop().create_task(self._watch(key, child))
+        self._end_idle()
+
+    async def _watch(self, key: str, child: Child) -> None:
+        try:
+            await child.worker.reader.read(1)  # a line written while parked, or the end: broken or gone
+        except (ConnectionError, OSError, ValueError):
+            pass
+        if self._parked.get(key) is child:
+            del self._parked[key]
+        await child.release()
+
+    def _end_idle(self) -> None:
+        """End the least recently used parked workers beyond `max_parked` and those idle for `IDLE_S`."""
+        loop = asyncio.get_running_loop()
+        excess = len(self._parked) - self.max_parked
+        for key, child in list(self._parked.items()):
+            if excess <= 0 and loop.time() - child.used < IDLE_S:
+                break
+            del self._parked[key]
+            excess -= 1
+            self._background(child.release())
+        if self._expiry is not None:
+            self._expiry.cancel()
+        if self._parked and not self._closed:
+            oldest = next(iter(self._parked.values()))
+            self._expiry = loop.call_at(oldest.used + IDLE_S + 1, self._end_idle)
+
+    # one request -----------------------------------------------------------------------------------------
+    async def call(self, request: RealizeRequest | RegulateRequest, lineage: Lineage | None = None
+                   ) -> Realized | Verdicts:
+        """The harness code's answer to `request`, from this conversation's worker (`lineage`; None: a fresh
+        worker, ended after this call); LayerCodeError if it fails in any way (the worker is then ended)."""
         if self._closed:
             raise LayerCodeError("the sandbox is closed")
-        child = await self._take()
+        child = await self._claim(lineage)
         try:
-            return await self._exchange(child, request)
-        finally:
+            reply = await self._exchange(child, request)
+        except BaseException:
+            if lineage is not None:
+                lineage.child = None
             await child.release()
+            raise
+        finally:
             if not self._closed:
                 self._refill()
+        if lineage is None or self._closed:
+            await child.release()
+        else:
+            lineage.child = child
+            self._park(child, lineage.full)
+        return reply
 
-    async def _exchange(self, child: _Child, request: RealizeRequest | RegulateRequest) -> Realized | Verdicts:
+    async def _exchange(self, child: Child, request: RealizeRequest | RegulateRequest) -> Realized | Verdicts:
         try:
             child.worker.writer.write(encode(request))
             await child.worker.writer.drain()
             reply = await asyncio.wait_for(read_message(child.worker.reader, LayerReply), CALL_TIMEOUT_S)
         except ProtocolError as exc:
-            raise _violation(str(exc)) from None
+            raise violation(str(exc)) from None
         except TimeoutError:
             raise LayerCodeError(f"harness code: no answer within {CALL_TIMEOUT_S:g}s; its worker was killed"
                                  ) from None
@@ -288,67 +226,34 @@ class SandboxedLayers:
         if reply is None:
             raise LayerCodeError(await child.died())
         if reply.id != request.id:
-            raise _violation("a reply to another request")
+            raise violation("a reply to another request")
         if isinstance(reply, Failed):
             raise LayerCodeError(reply.error)
         if isinstance(request, RealizeRequest) != isinstance(reply, Realized):
-            raise _violation(f"a {reply.op} reply to a {request.op} request")
+            raise violation(f"a {reply.op} reply to a {request.op} request")
         if isinstance(reply, Verdicts) and isinstance(request, RegulateRequest) \
                 and len(reply.verdicts) != len(request.states):
-            raise _violation(f"{len(reply.verdicts)} verdicts for {len(request.states)} tool results")
+            raise violation(f"{len(reply.verdicts)} verdicts for {len(request.states)} tool results")
         return reply
 
-    # shutdown ----------------------------------------------------------------------------------------
+    # shutdown ----------------------------------------------------------------------------------------------
     async def aclose(self) -> None:
-        """Stop everything, in the serving loop (children's streams close with it running)."""
+        """End every worker in the serving loop (their streams close with it running), then the template."""
         self._closed = True
-        for task in list(self._preparing):
+        if self._expiry is not None:
+            self._expiry.cancel()
+        for task in list(self._tasks):
             task.cancel()
-        await asyncio.gather(*self._preparing, return_exceptions=True)
-        ready, self._ready = self._ready, []
-        for child in ready:
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        children = [*self._spare, *self._parked.values()]
+        self._spare, self._parked = [], {}
+        for child in children:
             await child.release()
         self.close()
 
     def close(self) -> None:
-        """Outside the loop too: kill what is left, end the template, remove the harness copy."""
+        """Outside the loop too: kill what is left and end the template."""
         self._closed = True
-        for child in self._ready:
+        for child in [*self._spare, *self._parked.values()]:
             child.worker.kill()
-        self._threads.shutdown(wait=True)
-        with self._lock:
-            server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-
-class _Child:
-    """One loaded child as the host holds it: its worker, and the tail of its stderr (drained meanwhile)."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.tail = bytearray()
-        self._drain = asyncio.get_running_loop().create_task(_drain(worker.stderr, self.tail))
-
-    def alive(self) -> bool:
-        pidfd = getattr(self.worker, "pidfd", None)
-        if pidfd is not None:  # a pidfd turns readable when its process exits
-            return not select.select([pidfd], [], [], 0)[0]
-        return self.worker.returncode is None
-
-    async def died(self) -> str:
-        """What to say of a child that closed its channel without answering (its last stderr line)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._drain), 0.2)
-        last = self.tail.decode(errors="replace").strip().splitlines()[-1:]
-        return "harness code: its sandboxed worker died before answering" + (f" ({last[0][:300]})" if last else "")
-
-    async def release(self) -> None:
-        """Kill it and free what it held (reaped in the loop if it is a process of its own)."""
-        if isinstance(self.worker, ProcessWorker):
-            await self.worker.aclose()
-        else:
-            self.worker.discard()
-        self._drain.cancel()
+        self.children.close()

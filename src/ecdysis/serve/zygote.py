@@ -1,16 +1,16 @@
-"""Sandbox side of `serve`'s harness code: a template process that forks one fresh child per request.
+"""Sandbox side of `serve`'s harness code: a template process that forks one fresh worker per conversation.
 
 `python -m ecdysis.serve.zygote ROOT LIMITS` runs under bubblewrap (started by `sandbox.forkserver.ForkServer`,
 same control protocol as the episode zygote: `fork` plus a channel and a stderr descriptor, answered with
-the child's pid). ROOT is a read-only copy of the harness. The template imports the library and the
+the worker's pid). ROOT is a read-only copy of the harness. The template imports the library and the
 installed modules the harness code imports (read from its import statements), but never runs harness code:
-what harness code does at import (threads, shared memory, open descriptors) would otherwise be shared by
-every request. Each child enters fresh namespaces (`sandbox.nested`: private tmpfs for every writable place,
-its own PID, network and IPC namespaces), applies the worker's rlimits and audit hook, imports the harness
-code, says `Ready`, answers exactly one request (`serve.messages`) and is killed by the host. So nothing a
-request's harness code does (module globals, files, processes) reaches another request.
+what harness code does at import (threads, shared memory, open descriptors, patched functions) would
+otherwise reach every worker, and so every conversation. Each worker enters fresh namespaces
+(`sandbox.nested`: private tmpfs for every writable place, its own PID, network and IPC namespaces), applies
+the sandbox's rlimits and audit hook, imports the harness code, says `Ready`, and answers the requests of
+one conversation (`serve.messages`) until the host ends it.
 
-`python -m ecdysis.serve.zygote --once ROOT LIMITS CONFINED` is the same child as a fresh process, on
+`python -m ecdysis.serve.zygote --once ROOT LIMITS CONFINED` is the same worker as a fresh process, on
 stdin/stdout: the host's fallback where nested namespaces are unavailable.
 """
 
@@ -42,7 +42,7 @@ SETTLE_ROUNDS, SETTLE_S = 4, 0.02  # short sleeps of a loaded child before it wa
 
 def preload_imports(root: Path) -> list[str]:
     """Import the modules the harness code imports from outside its own folder (installed library code, not
-    the harness's), so that each request's child does not import them again. Returns those that imported."""
+    the harness's), so that each worker does not import them again. Returns those that imported."""
     local = {p.stem for p in root.glob("*.py")} | {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
     names: set[str] = set()
     for path in sorted(root.rglob("*.py")):
@@ -103,10 +103,11 @@ def _answer(request: Any, realize: Callable[..., Any] | None, regulate: Callable
         return Failed(id=request.id, error=f"{request.op}: {traceback.format_exception_only(exc)[-1].strip()}")
 
 
-def serve_one(inp: int, out: int, root: Path, limits: dict[str, Any], confined: str,
-              harness: HarnessVersion | None = None) -> int:
+def serve_requests(inp: int, out: int, root: Path, limits: dict[str, Any], confined: str,
+                   harness: HarnessVersion | None = None) -> int:
     """In a fresh process: apply the sandbox's limits, load the harness code (`harness`: its files, read by the
-    template), say Ready (or LoadFailed), answer the one request that arrives on `inp` on `out`, and return."""
+    template), say Ready (or LoadFailed), then answer the requests that arrive on `inp` on `out`, one at a time
+    (the host sends one conversation's requests only), until the host closes the channel or kills us."""
     from ..agent.loop import load_module, load_realize
     from ..harness.manifest import load_harness
     from ..harness.repairs import REPAIRS_FILE, parse_repairs
@@ -131,14 +132,9 @@ def serve_one(inp: int, out: int, root: Path, limits: dict[str, Any], confined: 
     _send(channel or out, Ready(isolation=isolation))
     _settle(inp)
     with open(inp, "rb", buffering=65536, closefd=False) as reader:
-        line = reader.readline(MAX_REQUEST)
-    if not line:
-        return 0
-    request = LayerRequest.validate_json(line)  # the host's: trusted, and not bound by the reply's size limit
-    _send(channel or out, _answer(request, realize, regulate, repairs))
-    with contextlib.suppress(OSError):  # exit when the host kills us: an exit's teardown would delay its wake-up
-        while os.read(inp, 65536):
-            pass
+        while line := reader.readline(MAX_REQUEST):
+            request = LayerRequest.validate_json(line)  # the host's: trusted, not bound by the reply's size limit
+            _send(channel or out, _answer(request, realize, regulate, repairs))
     return 0
 
 
@@ -179,7 +175,7 @@ def _settle(inp: int) -> None:
 
 
 def _private_stdio(stderr: int, keep: int) -> None:
-    """fds 1 and 2 to this request's stderr, everything else the template held closed (but `keep`)."""
+    """fds 1 and 2 to this worker's stderr, everything else the template held closed (but `keep`)."""
     os.dup2(stderr, 1)
     os.dup2(stderr, 2)
     os.closerange(3, keep)
@@ -207,20 +203,20 @@ def _in_fresh_namespaces(body: Callable[[], int]) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _request_child(channel: int, stderr: int, root: Path, limits: dict[str, Any],
+def _worker_child(channel: int, stderr: int, root: Path, limits: dict[str, Any],
                    harness: HarnessVersion | None) -> None:
-    """The forked child: the request in fresh namespaces (PID 1 of its own: killing this process ends them)."""
+    """The forked child: the worker in fresh namespaces (PID 1 of its own: killing this process ends them)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
     def body() -> int:
         _private_stdio(stderr, channel)
-        return serve_one(channel, channel, root, limits, "bwrap+request-ns", harness)
+        return serve_requests(channel, channel, root, limits, "bwrap+worker-ns", harness)
 
     try:
         _in_fresh_namespaces(body)
     except BaseException:  # noqa: BLE001
         with contextlib.suppress(OSError):
-            os.write(stderr, f"request setup failed in the template's child:\n{traceback.format_exc()}".encode())
+            os.write(stderr, f"worker setup failed in the template's child:\n{traceback.format_exc()}".encode())
     os._exit(0)
 
 
@@ -231,7 +227,7 @@ def _probe() -> bool:
         code = 1
         try:
             code = _in_fresh_namespaces(lambda: 0)
-        except BaseException:  # noqa: BLE001, S110 - refused: the host starts a fresh process per request
+        except BaseException:  # noqa: BLE001, S110 - refused: the host starts fresh worker processes instead
             pass
         finally:
             os._exit(code)
@@ -243,7 +239,7 @@ def _once(root: Path, limits: dict[str, Any], confined: str) -> int:
     out = os.dup(1)  # the channel; harness code's prints go to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    code = serve_one(0, out, root, limits, confined)
+    code = serve_requests(0, out, root, limits, confined)
     os._exit(code)
 
 
@@ -278,12 +274,12 @@ def main(argv: list[str]) -> int:
             continue
         try:
             pid = os.fork()
-        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb in a request)
+        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb in a worker)
             pid, error = 0, f"fork failed: {exc}"
         else:
             if pid == 0:
                 control.close()
-                _request_child(fds[0], fds[1], root, limits, harness)
+                _worker_child(fds[0], fds[1], root, limits, harness)
         for fd in fds:
             os.close(fd)
         control.sendall(json.dumps({"pid": pid} if pid else {"error": error}).encode())
