@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from ecdysis.models.base import ChatRequest, ChatResponse, Usage
+from ecdysis.serve import children
 from ecdysis.serve.server import background, build_proxy
 
 NOTE = {"type": "function", "function": {
@@ -38,33 +39,42 @@ def on_channel(line):
 
 
 class EchoUpstream:
-    """Replies with the text of the conversation's last user message."""
+    """Replies with the text of the conversation's last user message; keeps the requests it got."""
 
     identity = "scripted:echo"
 
+    def __init__(self) -> None:
+        self.requests: list[ChatRequest] = []
+
     async def chat(self, request: ChatRequest) -> ChatResponse:
+        self.requests.append(request)
         last = next(m.content for m in reversed(request.messages) if m.role == "user")
         return ChatResponse(text=last.split("\n\n")[-1], usage=Usage(prompt_tokens=3, completion_tokens=3))
 
 
-def write_harness(root: Path, action: str) -> Path:
+def write_harness(root: Path, action: str, regulate: str = "", files: dict[str, str] | None = None) -> Path:
     root.mkdir(parents=True)
     (root / "harness.toml").write_text('name = "hostile"\nenv = "helpdesk"\ntool_calling = "native"\n\n'
-                                       '[budget]\nmax_turns = 10\nmax_rejections = 0\n\n'
-                                       '[files]\naction = "action.py"\nregulate = ""\nskills = ""\ndemos = ""\n')
+                                       '[budget]\nmax_turns = 10\nmax_rejections = 0\n\n[files]\n'
+                                       f'action = "action.py"\nregulate = "{"regulate.py" if regulate else ""}"\n'
+                                       'skills = ""\ndemos = ""\n')
     (root / "contract.md").write_text("Tools:\n{tools}\n")
-    (root / "action.py").write_text(action)
+    for name, text in {"action.py": action, "regulate.py": regulate, **(files or {})}.items():
+        if text:
+            (root / name).write_text(text)
     return root
 
 
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Any]:
-    """`serve(action_source)` -> base URL of a running proxy whose harness has that `action.py`."""
+    """`serve(action_source, ...)` -> base URL of a running proxy whose harness has that `action.py` (and
+    `regulate.py`, other files); `serve.upstream` is its upstream."""
     started: list[Any] = []
 
-    def start(action: str) -> str:
-        proxy = build_proxy(write_harness(tmp_path / "harness", action), "scripted:echo", upstream=EchoUpstream())
-        context = background(proxy)
+    def start(action: str, regulate: str = "", files: dict[str, str] | None = None) -> str:
+        start.upstream = EchoUpstream()  # type: ignore[attr-defined]
+        harness = write_harness(tmp_path / "harness", action, regulate, files)
+        context = background(build_proxy(harness, "scripted:echo", upstream=start.upstream))  # type: ignore[attr-defined]
         started.append(context)
         return context.__enter__()
 
@@ -79,7 +89,11 @@ def ask(base: str, text: str, history: list[dict[str, Any]] | None = None) -> An
                                        messages=[*(history or []), {"role": "user", "content": text}])
 
 
-def test_module_state_never_reaches_another_conversation(serve: Any) -> None:
+@pytest.mark.parametrize("workers", ["forked", "processes"])
+def test_module_state_never_reaches_another_conversation(serve: Any, workers: str, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    if workers == "processes":  # where nested namespaces are unavailable: a fresh confined process per worker
+        monkeypatch.setattr(children.ForkServer, "start", classmethod(lambda cls, *args, **kwargs: None))
     base = serve('''from ecdysis.harness.api import Action
 SEEN = []
 
@@ -176,3 +190,36 @@ def realize(reply, ctx):
     for n in range(4):  # each later client gets its own reply, whichever worker it lands on
         assert ask(base, f"next {n}").choices[0].message.content == f"next {n}"
     assert "protocol" in failed.value.message and "limit" in failed.value.message  # a clear error
+
+
+def test_a_cached_verdict_never_reaches_another_conversation(serve: Any) -> None:
+    """H4 verdicts are cached per tool result; a verdict is made by a worker that remembers its conversation,
+    so another conversation that sends the same tool result (same call id, result and history) must not get it."""
+    base = serve("""import memory
+from ecdysis.harness.tool_calls import native_realize
+
+
+def realize(reply, ctx):
+    memory.SEEN.append(ctx.task_prompt)
+    return native_realize(reply, ctx)
+""", regulate="""import memory
+from ecdysis.harness.api import Verdict
+
+
+def regulate(state):
+    return Verdict(annotation="(remembered: " + " | ".join(memory.SEEN) + ")")
+""", files={"memory.py": "SEEN = []\n"})
+    call = {"id": "call_1", "type": "function", "function": {"name": "note", "arguments": '{"text": "x"}'}}
+
+    def turn_two(first: str) -> str:
+        """The conversation's second turn (a tool result) and the tool message the upstream got for it."""
+        ask(base, "next", [{"role": "user", "content": first}, {"role": "assistant", "content": None,
+                           "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "done"}])
+        sent = serve.upstream.requests[-1].messages
+        return next(m.content for m in sent if m.role == "tool")
+
+    for _ in range(2):  # asked twice (a client's retry): whichever worker a turn lands on has seen it
+        ask(base, "my pin is 4321")
+    assert turn_two("my pin is 4321") == "done\n(remembered: my pin is 4321)"  # its own conversation: kept
+    other = turn_two("hello")  # another client, the same tool call and result
+    assert "4321" not in other

@@ -131,6 +131,11 @@ class Children:
         self._lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="serve-fork")
 
+    @property
+    def forks(self) -> bool:
+        """Whether workers are forked from the template (else each is a fresh process)."""
+        return self._server is not None
+
     def start(self, ahead: int = 0) -> str:
         """Copy the harness, start the template and load the harness code once in a worker (blocking), then fork
         `ahead` workers for the first requests. Returns the isolation workers get; LayerCodeError with the
@@ -245,6 +250,9 @@ class Children:
         except (TimeoutError, OSError) as exc:
             await child.release()
             raise LayerCodeError(f"the sandboxed harness code did not load ({exc.__class__.__name__})") from None
+        except BaseException:  # cancelled (shutting down): not left running
+            await child.release()
+            raise
         if not isinstance(start, Ready):
             await child.release()
             raise LayerCodeError(start.error if start is not None else await child.died())

@@ -40,6 +40,7 @@ __all__ = ["CALL_TIMEOUT_S", "LayerCodeError", "Lineage", "SandboxedLayers", "re
 CALL_TIMEOUT_S = 10.0  # one request's harness code
 IDLE_S = 300.0  # a conversation's worker is ended after this long without a request
 MAX_PARKED = 32  # idle conversation workers kept
+PROCESS_SPARES = 2  # fresh workers kept ahead when each is a process of its own (~0.3 s of CPU to start)
 
 
 def request_id() -> str:
@@ -86,7 +87,7 @@ class SandboxedLayers:
     kept. `concurrency`: requests served at once (with the parked and spare workers, it sizes the process
     budget). Calls run in one event loop (the serving loop)."""
 
-    def __init__(self, files: dict[str, str], concurrency: int = 16, spares: int = 4,
+    def __init__(self, files: dict[str, str], concurrency: int = 16, spares: int = 8,
                  max_parked: int = MAX_PARKED) -> None:
         self.spares, self.max_parked = max(0, spares), max(0, max_parked)
         self.children = Children(files, TASK_MARGIN + 3 * (max(1, concurrency) + self.spares + self.max_parked) + 8)
@@ -131,8 +132,9 @@ class SandboxedLayers:
 
     def _refill(self) -> None:
         """Prepare fresh workers ahead, up to `spares` (after a reply: a worker's start-up then does not compete
-        with the request it would serve)."""
-        for _ in range(self.spares - len(self._spare) - self._preparing):
+        with the request it would serve); at most `PROCESS_SPARES` where each is a process of its own."""
+        wanted = self.spares if self.children.forks else min(self.spares, PROCESS_SPARES)
+        for _ in range(wanted - len(self._spare) - self._preparing):
             self._preparing += 1
             self._background(self._add_spare())
 

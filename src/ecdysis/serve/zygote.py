@@ -129,6 +129,8 @@ def serve_requests(inp: int, out: int, root: Path, limits: dict[str, Any], confi
         _send(channel or out, LoadFailed(error=error[:4000]))
         return 1
     _warm_up()
+    with contextlib.suppress(OSError):  # a fresh process (--once) already leads its own session
+        os.setsid()  # an autogroup of its own: the start-up of later workers is not billed to this one (see _settle)
     _send(channel or out, Ready(isolation=isolation))
     _settle(inp)
     with open(inp, "rb", buffering=65536, closefd=False) as reader:
