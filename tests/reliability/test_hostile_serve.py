@@ -52,10 +52,11 @@ class EchoUpstream:
         return ChatResponse(text=last.split("\n\n")[-1], usage=Usage(prompt_tokens=3, completion_tokens=3))
 
 
-def write_harness(root: Path, action: str, regulate: str = "", files: dict[str, str] | None = None) -> Path:
+def write_harness(root: Path, action: str, regulate: str = "", files: dict[str, str] | None = None,
+                  retries: int = 0) -> Path:
     root.mkdir(parents=True)
     (root / "harness.toml").write_text('name = "hostile"\nenv = "helpdesk"\ntool_calling = "native"\n\n'
-                                       '[budget]\nmax_turns = 10\nmax_rejections = 0\n\n[files]\n'
+                                       f'[budget]\nmax_turns = 10\nmax_rejections = {retries}\n\n[files]\n'
                                        f'action = "action.py"\nregulate = "{"regulate.py" if regulate else ""}"\n'
                                        'skills = ""\ndemos = ""\n')
     (root / "contract.md").write_text("Tools:\n{tools}\n")
@@ -71,9 +72,9 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     `regulate.py`, other files); `serve.upstream` is its upstream."""
     started: list[Any] = []
 
-    def start(action: str, regulate: str = "", files: dict[str, str] | None = None) -> str:
+    def start(action: str, regulate: str = "", files: dict[str, str] | None = None, retries: int = 0) -> str:
         start.upstream = EchoUpstream()  # type: ignore[attr-defined]
-        harness = write_harness(tmp_path / "harness", action, regulate, files)
+        harness = write_harness(tmp_path / "harness", action, regulate, files, retries)
         context = background(build_proxy(harness, "scripted:echo", upstream=start.upstream))  # type: ignore[attr-defined]
         started.append(context)
         return context.__enter__()
@@ -81,6 +82,12 @@ def serve(tmp_path: Path) -> Iterator[Any]:
     yield start
     for context in started:
         context.__exit__(None, None, None)
+
+
+def as_sent(message: Any) -> dict[str, Any]:
+    """A reply as the client sends it back in its history."""
+    return {"role": "assistant", "content": message.content,
+            "tool_calls": [call.model_dump() for call in message.tool_calls or []] or None}
 
 
 def ask(base: str, text: str, history: list[dict[str, Any]] | None = None) -> Any:
@@ -103,14 +110,14 @@ def realize(reply, ctx):
     return Action("note", arguments={"text": " | ".join(SEEN)}, call_id="n1")
 ''')
     first = ask(base, "my bank password is hunter2").choices[0].message
-    history = [{"role": "user", "content": "my bank password is hunter2"},
-               {"role": "assistant", "content": None, "tool_calls": [first.tool_calls[0].model_dump()]},
+    history = [{"role": "user", "content": "my bank password is hunter2"}, as_sent(first),
                {"role": "tool", "tool_call_id": first.tool_calls[0].id, "content": "noted"}]
     again = ask(base, "thanks", history).choices[0].message  # the same conversation, a second turn
-    assert json.loads(again.tool_calls[0].function.arguments)["text"].endswith("thanks")
     for other in ("hello", "what is my balance?", "hi there"):  # other clients, new conversations
         call = ask(base, other).choices[0].message.tool_calls[0]
         assert json.loads(call.function.arguments) == {"text": other}  # only what this conversation sent
+    # its own conversation keeps its state
+    assert json.loads(again.tool_calls[0].function.arguments) == {"text": "my bank password is hunter2 | thanks"}
 
 
 def test_extra_line_on_the_channel_fails_that_request_only(serve: Any) -> None:
@@ -194,32 +201,33 @@ def realize(reply, ctx):
 
 def test_a_cached_verdict_never_reaches_another_conversation(serve: Any) -> None:
     """H4 verdicts are cached per tool result; a verdict is made by a worker that remembers its conversation,
-    so another conversation that sends the same tool result (same call id, result and history) must not get it."""
+    so another conversation that sends the same tool result (same call, result and history) must not get it."""
     base = serve("""import memory
-from ecdysis.harness.tool_calls import native_realize
+from ecdysis.harness.api import Action, Reject
 
 
 def realize(reply, ctx):
     memory.SEEN.append(ctx.task_prompt)
-    return native_realize(reply, ctx)
+    if ctx.turn == 0:  # one retry: realize runs twice in the turn
+        return Reject("once more")
+    return Action("note", arguments={"text": "x"}, call_id="call_1")
 """, regulate="""import memory
 from ecdysis.harness.api import Verdict
 
 
 def regulate(state):
-    return Verdict(annotation="(remembered: " + " | ".join(memory.SEEN) + ")")
-""", files={"memory.py": "SEEN = []\n"})
-    call = {"id": "call_1", "type": "function", "function": {"name": "note", "arguments": '{"text": "x"}'}}
+    return Verdict(annotation="(remembered: " + memory.SEEN[-1] + ")" if memory.SEEN else "(remembered nothing)")
+""", files={"memory.py": "SEEN = []\n"}, retries=1)
 
-    def turn_two(first: str) -> str:
-        """The conversation's second turn (a tool result) and the tool message the upstream got for it."""
-        ask(base, "next", [{"role": "user", "content": first}, {"role": "assistant", "content": None,
-                           "tool_calls": [call]}, {"role": "tool", "tool_call_id": "call_1", "content": "done"}])
-        sent = serve.upstream.requests[-1].messages
-        return next(m.content for m in sent if m.role == "tool")
+    def tool_message(first: str, reply: dict[str, Any]) -> str:
+        """The conversation's second turn (the tool result) and the tool message the upstream got for it."""
+        call_id = reply["tool_calls"][0]["id"]
+        ask(base, "next", [{"role": "user", "content": first}, reply,
+                           {"role": "tool", "tool_call_id": call_id, "content": "done"}])
+        return next(m.content for m in serve.upstream.requests[-1].messages if m.role == "tool")
 
-    for _ in range(2):  # asked twice (a client's retry): whichever worker a turn lands on has seen it
-        ask(base, "my pin is 4321")
-    assert turn_two("my pin is 4321") == "done\n(remembered: my pin is 4321)"  # its own conversation: kept
-    other = turn_two("hello")  # another client, the same tool call and result
+    reply = as_sent(ask(base, "my pin is 4321").choices[0].message)
+    own = tool_message("my pin is 4321", reply)
+    other = tool_message("hello", {**reply, "content": "hello"})  # another client: the same call and result
     assert "4321" not in other
+    assert own == "done\n(remembered: my pin is 4321)"  # its own conversation keeps its state

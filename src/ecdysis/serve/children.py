@@ -88,6 +88,7 @@ class Child:
         self.last = ""
         self.used = 0.0  # loop time of its last reply
         self.watch: asyncio.Task[None] | None = None  # reads the channel while it is parked (anything = broken)
+        self.verdicts: dict[str, Any] = {}  # H4 verdicts it gave, by state digest: its conversation's cache
         self._drain = asyncio.get_running_loop().create_task(_drain(worker.stderr, self.tail))
 
     def alive(self) -> bool:

@@ -129,8 +129,7 @@ class ServedHarness:
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
         self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-        # H4 verdicts by state digest, each with the lineage digest of the request it was given in
-        self._verdict_cache: dict[str, tuple[Verdict, str]] = {}
+        self._verdict_cache: dict[str, Verdict] = {}  # in-process H4 verdicts by state digest (sandboxed: per worker)
 
     def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
         """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
@@ -162,8 +161,8 @@ class ServedHarness:
     async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...], lineage: Lineage | None = None
                       ) -> Prepared:
         """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated.
-        `lineage`: the request's place in its conversation (which sandboxed worker serves it)."""
-        lineage = lineage or Lineage.of(messages)
+        `lineage`: the request's place in its conversation (which sandboxed worker serves it, until `end_turn`);
+        None: a fresh worker per call."""
         agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         rest = [m for m in messages if m.role != "system"]
         first_user = next((m.content for m in rest if m.role == "user"), "")
@@ -181,7 +180,7 @@ class ServedHarness:
             out.append(m)
         return Prepared(out, system, tips, skill_ids, first_user, annotations, stop, observations)
 
-    async def regulate_results(self, messages: list[Message], lineage: Lineage
+    async def regulate_results(self, messages: list[Message], lineage: Lineage | None = None
                                ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
         """H4 over every tool result; returns (messages, newest annotations, newest stop, newest results)."""
         last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
@@ -220,24 +219,26 @@ class ServedHarness:
                 stop = verdict
         return out, newest, stop, observations
 
-    async def _verdicts(self, states: list[StepState], lineage: Lineage) -> list[Verdict]:
+    async def _verdicts(self, states: list[StepState], lineage: Lineage | None) -> list[Verdict]:
         """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
         call, result and history: every later turn sends it again) is answered from a cache, so each request
-        regulates only its new results. A cached verdict serves only a later request of the conversation it
-        was given in (one whose messages extend that request's: a verdict may encode anything its worker saw),
-        so no conversation gets a verdict made from text it did not send itself."""
+        regulates only its new results. Sandboxed, the cache is the conversation's worker's own: a verdict
+        may encode anything that worker saw, so no other conversation ever gets it."""
         keys = [_state_key(s) for s in states]
-        missing = [i for i, key in enumerate(keys)
-                   if key not in self._verdict_cache or not lineage.extends(self._verdict_cache[key][1])]
+        if self.sandbox is None:
+            cache = self._verdict_cache
+        else:
+            cache = (await self.sandbox.bind(lineage)).verdicts if lineage is not None else {}
+        missing = [i for i, key in enumerate(keys) if key not in cache]
         fresh = dict(zip(missing, await self._regulate_states([states[i] for i in missing], lineage), strict=True)
                      ) if missing else {}
-        if len(self._verdict_cache) > 50_000:
-            self._verdict_cache.clear()
-        for i, verdict in fresh.items():
-            self._verdict_cache[keys[i]] = (verdict, lineage.full)
-        return [fresh[i] if i in fresh else self._verdict_cache[key][0] for i, key in enumerate(keys)]
+        out = [fresh[i] if i in fresh else cache[key] for i, key in enumerate(keys)]
+        if len(cache) > 10_000:
+            cache.clear()
+        cache.update((keys[i], verdict) for i, verdict in fresh.items())
+        return out
 
-    async def _regulate_states(self, states: list[StepState], lineage: Lineage) -> list[Verdict]:
+    async def _regulate_states(self, states: list[StepState], lineage: Lineage | None) -> list[Verdict]:
         if self.sandbox is not None:
             try:
                 reply = await self.sandbox.call(RegulateRequest(id=request_id(),
@@ -282,6 +283,12 @@ class ServedHarness:
         outcome = Outcome(realized.text, [a.action() for a in realized.actions], realized.repairs,
                           realized.reject_rule, realized.feedback)
         return validated(outcome, tools)
+
+    async def end_turn(self, lineage: Lineage, reply: Message | None) -> None:
+        """The request is over (`reply`: what the client got, None if it failed): its sandboxed worker is kept
+        for the conversation's next request, or ended."""
+        if self.sandbox is not None:
+            await self.sandbox.end_turn(lineage, reply)
 
     async def aclose(self) -> None:
         if self.sandbox is not None:

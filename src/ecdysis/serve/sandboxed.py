@@ -8,11 +8,11 @@ the audit hook and the template's pids cgroup. It loads the harness code itself,
 in module globals, files or processes stays with that conversation and dies with its worker.
 
 A conversation is recognised by content, never by a name a client chooses: the client resends the whole
-history with every request, so a worker that served a request whose messages are a strict prefix of this
-request's messages is this conversation's (`Lineage`). A request that extends no worker's history gets a
-fresh worker; two clients share one only if the second sends the first one's whole conversation. Idle
-workers are parked for `IDLE_S` (at most `max_parked`, least recently used ended first); a few fresh ones are
-kept loaded ahead (`spares`).
+history with every request, so at the end of a turn the worker is parked under the digest of that request's
+messages followed by the reply the client got (`Lineage`), and a later request whose messages start with
+exactly those is served by it. Anything else gets a fresh worker. Two conversations that are identical so far
+(same messages, same reply) cannot be told apart, so neither keeps a worker. Idle workers are parked for
+`IDLE_S` (at most `max_parked`, least recently used ended first); fresh ones are kept loaded ahead (`spares`).
 
 Every request carries a random id. The reply must be one valid message with that id, of the request's kind,
 within `CALL_TIMEOUT_S`; anything else (a malformed, extra or oversize line, another id, no answer, a worker
@@ -55,7 +55,7 @@ class Lineage:
     def __init__(self, messages: Sequence[BaseModel]) -> None:
         self._messages = messages
         self._prefixes: list[str] | None = None
-        self._earlier: frozenset[str] | None = None
+        self._digest = hashlib.sha256()
         self.child: Child | None = None  # the worker serving this request, once bound
 
     @classmethod
@@ -65,21 +65,18 @@ class Lineage:
     @property
     def prefixes(self) -> list[str]:
         if self._prefixes is None:
-            digest, self._prefixes = hashlib.sha256(), []
+            self._prefixes = []
             for message in self._messages:
-                digest.update(message.model_dump_json().encode() + b"\n")
-                self._prefixes.append(digest.copy().hexdigest())
+                self._digest.update(message.model_dump_json().encode() + b"\n")
+                self._prefixes.append(self._digest.copy().hexdigest())
         return self._prefixes
 
-    @property
-    def full(self) -> str:
-        return self.prefixes[-1] if self.prefixes else ""
-
-    def extends(self, digest: str) -> bool:
-        """Whether this request's messages strictly extend those of the request with lineage digest `digest`."""
-        if self._earlier is None:
-            self._earlier = frozenset(self.prefixes[:-1])
-        return digest in self._earlier
+    def after(self, reply: BaseModel) -> str:
+        """The digest of this request's messages followed by `reply` (what the client will send back next)."""
+        self.prefixes  # noqa: B018 - fills the running digest
+        digest = self._digest.copy()
+        digest.update(reply.model_dump_json().encode() + b"\n")
+        return digest.hexdigest()
 
 
 class SandboxedLayers:
@@ -93,7 +90,8 @@ class SandboxedLayers:
         self.children = Children(files, TASK_MARGIN + 3 * (max(1, concurrency) + self.spares + self.max_parked) + 8)
         self.isolation = ""
         self._spare: list[Child] = []  # fresh, loaded, oldest first
-        self._parked: dict[str, Child] = {}  # by the lineage digest of the last request served; least recent first
+        self._parked: dict[str, Child] = {}  # by what their conversation's next request starts with; oldest first
+        self._ambiguous: dict[str, float] = {}  # conversation points reached by two conversations (since when)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._preparing = 0
         self._expiry: asyncio.TimerHandle | None = None
@@ -138,25 +136,47 @@ class SandboxedLayers:
             self._preparing += 1
             self._background(self._add_spare())
 
-    async def _claim(self, lineage: Lineage | None) -> Child:
-        """This conversation's parked worker if there is one (the one bound to this request first), else a fresh one."""
-        if lineage is not None:
-            key = lineage.full if lineage.child is not None and self._parked.get(lineage.full) is lineage.child \
-                else next((d for d in reversed(lineage.prefixes[:-1]) if d in self._parked), None)
-            if key is not None:
-                child = self._parked.pop(key)
-                if child.watch is not None:
-                    child.watch.cancel()
-                if child.alive():
-                    return child
-                await child.release()
+    async def _claim(self, lineage: Lineage) -> Child:
+        """This conversation's parked worker if there is one, else a fresh one."""
+        key = next((d for d in reversed(lineage.prefixes) if d in self._parked), None)
+        if key is not None:
+            child = self._parked.pop(key)
+            if child.watch is not None:
+                child.watch.cancel()
+            if child.alive():
+                return child
+            await child.release()
         return await self._fresh()
+
+    async def bind(self, lineage: Lineage) -> Child:
+        """The worker serving this request (its conversation's, else a fresh one), kept until `end_turn`."""
+        if lineage.child is None:
+            lineage.child = await self._claim(lineage)
+        return lineage.child
+
+    async def end_turn(self, lineage: Lineage, reply: BaseModel | None) -> None:
+        """The request is over: park its worker under its messages followed by the `reply` the client got
+        (the next request of this conversation starts with exactly those), or end it (no reply: the turn
+        failed). Two conversations that are the same so far (same messages, same reply) cannot be told apart:
+        neither keeps its worker, and that point of a conversation parks none for `IDLE_S`."""
+        child, lineage.child = lineage.child, None
+        if child is None:
+            return
+        if reply is None or self._closed:
+            await child.release()
+            return
+        key = lineage.after(reply)
+        if key in self._parked or key in self._ambiguous:
+            self._ambiguous[key] = asyncio.get_running_loop().time()
+            other = self._parked.pop(key, None)
+            for ended in (child, other):
+                if ended is not None:
+                    await ended.release()
+            return
+        self._park(child, key)
 
     def _park(self, child: Child, key: str) -> None:
         """Keep `child` for its conversation's next request; anything it writes meanwhile ends it."""
-        previous = self._parked.pop(key, None)
-        if previous is not None and previous is not child:
-            self._background(previous.release())
         child.last, child.used = key, asyncio.get_running_loop().time()
         self._parked[key] = child
         child.watch = asyncio.get_running_loop().create_task(self._watch(key, child))
@@ -174,6 +194,9 @@ class SandboxedLayers:
     def _end_idle(self) -> None:
         """End the least recently used parked workers beyond `max_parked` and those idle for `IDLE_S`."""
         loop = asyncio.get_running_loop()
+        for key, since in list(self._ambiguous.items()):
+            if loop.time() - since > IDLE_S:
+                del self._ambiguous[key]
         excess = len(self._parked) - self.max_parked
         for key, child in list(self._parked.items()):
             if excess <= 0 and loop.time() - child.used < IDLE_S:
@@ -190,11 +213,12 @@ class SandboxedLayers:
     # one request -----------------------------------------------------------------------------------------
     async def call(self, request: RealizeRequest | RegulateRequest, lineage: Lineage | None = None
                    ) -> Realized | Verdicts:
-        """The harness code's answer to `request`, from this conversation's worker (`lineage`; None: a fresh
-        worker, ended after this call); LayerCodeError if it fails in any way (the worker is then ended)."""
+        """The harness code's answer to `request`, from this request's worker (`lineage`: its conversation's,
+        kept until `end_turn`; None: a fresh worker ended after this call). LayerCodeError if it fails in any
+        way; the worker is then ended."""
         if self._closed:
             raise LayerCodeError("the sandbox is closed")
-        child = await self._claim(lineage)
+        child = await self.bind(lineage) if lineage is not None else await self._fresh()
         try:
             reply = await self._exchange(child, request)
         except BaseException:
@@ -205,11 +229,8 @@ class SandboxedLayers:
         finally:
             if not self._closed:
                 self._refill()
-        if lineage is None or self._closed:
+        if lineage is None:
             await child.release()
-        else:
-            lineage.child = child
-            self._park(child, lineage.full)
         return reply
 
     async def _exchange(self, child: Child, request: RealizeRequest | RegulateRequest) -> Realized | Verdicts:
