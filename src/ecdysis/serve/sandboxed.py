@@ -141,8 +141,9 @@ class SandboxedLayers:
         key = next((d for d in reversed(lineage.prefixes) if d in self._parked), None)
         if key is not None:
             child = self._parked.pop(key)
-            if child.watch is not None:
+            if child.watch is not None:  # stopped before the request is read (one reader at a time)
                 child.watch.cancel()
+                await asyncio.wait([child.watch])
             if child.alive():
                 return child
             await child.release()
