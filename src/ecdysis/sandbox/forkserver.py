@@ -161,7 +161,7 @@ class ForkServer:
         the environment from its import paths; it and every episode it forks may hold `max_tasks` processes
         and threads in all. None where per-episode namespaces are unavailable (no bubblewrap, no nested user
         namespaces). `module` and `args`: another zygote speaking the same control protocol (`serve`'s, which
-        forks one child per request), with its own command-line arguments."""
+        forks one worker per conversation), with its own command-line arguments."""
         plugin = [env_name, *view.import_paths] if env_name else []
         command = [sys.executable, "-m", module, *(plugin if args is None else args)]
         argv = confine_argv(command, env, src_root, list(view.read_only), list(view.hidden))
