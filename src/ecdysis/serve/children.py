@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import os
 import select
 import shutil
 import socket
@@ -78,6 +79,17 @@ async def _drain(stream: asyncio.StreamReader, tail: bytearray) -> None:
             del tail[: max(0, len(tail) - STDERR_TAIL)]
 
 
+def _pidfd_pid(pidfd: int | None) -> int:
+    """The pid a pidfd refers to (-1 once that process is gone)."""
+    if pidfd is None:
+        return -1
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path(f"/proc/self/fdinfo/{pidfd}").read_text().splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+    return -1
+
+
 class Child:
     """One loaded worker as the host holds it: its channel, the tail of its stderr (drained meanwhile), and
     the lineage digest of the last request it served (empty while fresh)."""
@@ -89,7 +101,22 @@ class Child:
         self.used = 0.0  # loop time of its last reply
         self.watch: asyncio.Task[None] | None = None  # reads the channel while it is parked (anything = broken)
         self.verdicts: dict[str, Any] = {}  # H4 verdicts it gave, by state digest: its conversation's cache
+        self.baseline = 0  # its tasks once loaded (`tasks`): harness code may add at most EXTRA_TASKS for good
         self._drain = asyncio.get_running_loop().create_task(_drain(worker.stderr, self.tail))
+
+    def tasks(self) -> int:
+        """Processes and threads in its process tree now (the host's /proc; 0 once it is gone)."""
+        pidfd = getattr(self.worker, "pidfd", None)
+        root = self.worker.proc.pid if isinstance(self.worker, ProcessWorker) else _pidfd_pid(pidfd)
+        count, queue = 0, [root] if root > 0 else []
+        while queue:
+            pid = queue.pop()
+            with contextlib.suppress(OSError):
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    count += 1
+                    with contextlib.suppress(OSError, ValueError):
+                        queue += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+        return count
 
     def alive(self) -> bool:
         pidfd = getattr(self.worker, "pidfd", None)
@@ -257,6 +284,7 @@ class Children:
         if not isinstance(start, Ready):
             await child.release()
             raise LayerCodeError(start.error if start is not None else await child.died())
+        child.baseline = child.tasks()
         return child
 
     def close(self) -> None:

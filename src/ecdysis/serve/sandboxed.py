@@ -18,7 +18,9 @@ Every request carries a random id. The reply must be one valid message with that
 within `CALL_TIMEOUT_S`; anything else (a malformed, extra or oversize line, another id, no answer, a worker
 that died, a line written while parked) fails that request with LayerCodeError (HTTP 500) and kills the
 worker; the conversation's next request gets a fresh one. A fork bomb spends the pids cgroup's budget (else
-RLIMIT_NPROC): its fork fails, and so its request.
+RLIMIT_NPROC): its fork fails, and so its request. The budget is shared by all workers, so a call after
+which harness code keeps more than `EXTRA_TASKS` processes or threads fails too and its worker is ended:
+no conversation can hold the budget beyond one call.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ CALL_TIMEOUT_S = 10.0  # one request's harness code
 IDLE_S = 300.0  # a conversation's worker is ended after this long without a request
 MAX_PARKED = 32  # idle conversation workers kept
 PROCESS_SPARES = 2  # fresh workers kept ahead when each is a process of its own (~0.3 s of CPU to start)
+EXTRA_TASKS = 8  # processes and threads harness code may leave running after a call (the budget is shared)
 
 
 def request_id() -> str:
@@ -222,6 +225,10 @@ class SandboxedLayers:
         child = await self.bind(lineage) if lineage is not None else await self._fresh()
         try:
             reply = await self._exchange(child, request)
+            if (left := child.tasks() - child.baseline) > EXTRA_TASKS:
+                raise LayerCodeError(f"harness code left {left} processes or threads running after its call (at "
+                                     f"most {EXTRA_TASKS}: the sandbox's process budget is shared); its worker was "
+                                     "killed")
         except BaseException:
             if lineage is not None:
                 lineage.child = None
