@@ -236,3 +236,27 @@ def regulate(state):
     other = tool_message("hello", {**reply, "content": "hello"})  # another client: the same call and result
     assert "4321" not in other
     assert own == "done\n(remembered: my pin is 4321)"  # its own conversation keeps its state
+
+
+def test_a_worker_holding_much_memory_is_not_kept_between_turns(serve: Any) -> None:
+    """Idle workers are kept per conversation; one that grew by hundreds of MB is ended after its turn, so
+    parked conversations cannot add up to the host's memory."""
+    base = serve('''from ecdysis.harness.api import Action
+SEEN, HELD = [], []
+
+
+def realize(reply, ctx):
+    SEEN.append(reply.text)
+    if "hog" in reply.text:
+        HELD.append(b"x" * (300 * 1024 * 1024))
+    return Action("note", arguments={"text": " | ".join(SEEN)}, call_id="n1")
+''')
+
+    def second_turn(first: str) -> str:
+        reply = ask(base, first).choices[0].message
+        history = [{"role": "user", "content": first}, as_sent(reply),
+                   {"role": "tool", "tool_call_id": "n1", "content": "ok"}]
+        return json.loads(ask(base, "again", history).choices[0].message.tool_calls[0].function.arguments)["text"]
+
+    assert second_turn("small") == "small | again"  # kept between turns
+    assert second_turn("hog memory") == "again"  # not kept: its next turn starts a fresh worker

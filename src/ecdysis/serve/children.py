@@ -102,21 +102,36 @@ class Child:
         self.watch: asyncio.Task[None] | None = None  # reads the channel while it is parked (anything = broken)
         self.verdicts: dict[str, Any] = {}  # H4 verdicts it gave, by state digest: its conversation's cache
         self.baseline = 0  # its tasks once loaded (`tasks`): harness code may add at most EXTRA_TASKS for good
+        self.memory_at_load = 0.0  # its `memory_mb` once loaded
         self._drain = asyncio.get_running_loop().create_task(_drain(worker.stderr, self.tail))
 
-    def tasks(self) -> int:
-        """Processes and threads in its process tree now (the host's /proc; 0 once it is gone)."""
+    def _tree(self) -> list[tuple[int, int]]:
+        """(pid, threads) of each process in its process tree now (the host's /proc; empty once it is gone)."""
         pidfd = getattr(self.worker, "pidfd", None)
         root = self.worker.proc.pid if isinstance(self.worker, ProcessWorker) else _pidfd_pid(pidfd)
-        count, queue = 0, [root] if root > 0 else []
+        out, queue = [], [root] if root > 0 else []
         while queue:
             pid = queue.pop()
             with contextlib.suppress(OSError):
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    count += 1
+                threads = os.listdir(f"/proc/{pid}/task")
+                out.append((pid, len(threads)))
+                for tid in threads:
                     with contextlib.suppress(OSError, ValueError):
                         queue += [int(p) for p in Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-        return count
+        return out
+
+    def tasks(self) -> int:
+        """Processes and threads in its process tree now."""
+        return sum(threads for _, threads in self._tree())
+
+    def memory_mb(self) -> float:
+        """Anonymous memory its process tree holds now (what code allocated, not the template's shared pages)."""
+        kb = 0
+        for pid, _ in self._tree():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                kb += int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                               if line.startswith("RssAnon:")).split()[1])
+        return kb / 1024
 
     def alive(self) -> bool:
         pidfd = getattr(self.worker, "pidfd", None)
@@ -284,7 +299,7 @@ class Children:
         if not isinstance(start, Ready):
             await child.release()
             raise LayerCodeError(start.error if start is not None else await child.died())
-        child.baseline = child.tasks()
+        child.baseline, child.memory_at_load = child.tasks(), child.memory_mb()
         return child
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ history with every request, so at the end of a turn the worker is parked under t
 messages followed by the reply the client got (`Lineage`), and a later request whose messages start with
 exactly those is served by it. Anything else gets a fresh worker. Two conversations that are identical so far
 (same messages, same reply) cannot be told apart, so neither keeps a worker. Idle workers are parked for
-`IDLE_S` (at most `max_parked`, least recently used ended first); fresh ones are kept loaded ahead (`spares`).
+`IDLE_S` (at most `max_parked`, least recently used ended first; none that grew by more than `PARKED_MB`);
+fresh ones are kept loaded ahead (`spares`).
 
 Every request carries a random id. The reply must be one valid message with that id, of the request's kind,
 within `CALL_TIMEOUT_S`; anything else (a malformed, extra or oversize line, another id, no answer, a worker
@@ -44,6 +45,7 @@ IDLE_S = 300.0  # a conversation's worker is ended after this long without a req
 MAX_PARKED = 32  # idle conversation workers kept
 PROCESS_SPARES = 2  # fresh workers kept ahead when each is a process of its own (~0.3 s of CPU to start)
 EXTRA_TASKS = 8  # processes and threads harness code may leave running after a call (the budget is shared)
+PARKED_MB = 256  # memory a worker may have added since it loaded and still be kept between turns
 
 
 def request_id() -> str:
@@ -166,8 +168,8 @@ class SandboxedLayers:
         child, lineage.child = lineage.child, None
         if child is None:
             return
-        if reply is None or self._closed:
-            await child.release()
+        if reply is None or self._closed or child.memory_mb() - child.memory_at_load > PARKED_MB:
+            await child.release()  # failed, shutting down, or too big to keep idle (parked memory stays bounded)
             return
         key = lineage.after(reply)
         if key in self._parked or key in self._ambiguous:
