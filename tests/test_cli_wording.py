@@ -139,7 +139,7 @@ def test_ratios_read_the_right_way_round_and_one_seed_has_no_interval() -> None:
 def test_a_round_no_role_ran_says_the_library_wrote_its_spec(tmp_path: Path) -> None:
     config = sevens(tmp_path)
     out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--roles-model", "scripted:unused",
-                  "--run-dir", "r", cwd=tmp_path)
+                  "--run-dir", "r", "--set", "train.acceptance=strict", cwd=tmp_path)  # the wording of a strict decision
     assert out.returncode == 0, out.stdout + out.stderr
     assert "spec written by the library (enable_repair answer_phrase covers every recurring pattern; no role " \
            "asked)" in out.stdout
@@ -159,7 +159,8 @@ def test_two_rejections_stop_training_and_the_library_candidate_is_named(tmp_pat
             for g, texts in TOPICS.items() for i, text in enumerate(texts)]
     config = suite(tmp_path, "topics", rows)
     out = ecdysis("train", "-c", str(config), "--model", "scripted:Answer: sports",
-                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--run-dir", "r", cwd=tmp_path)
+                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--run-dir", "r",
+                  "--set", "train.acceptance=strict", cwd=tmp_path)  # the wording of a strict decision
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no edit accepted in 2 rounds in a row (train.engine.stop_after_rejections = 2)" in out.stdout
     assert "nothing accepted twice" not in out.stdout
