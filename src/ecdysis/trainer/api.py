@@ -17,11 +17,9 @@ from ..config import Config, identity_json
 from ..workspace import Workspace
 from .budget import AGENT_ROLES
 from .engine import Engine
-from .proposers import PROPOSERS, Proposer, make_proposer
+from .methods import Method, method, trainer_methods
 from .trainer import TrainResult
 from .view import TrainView
-
-ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
 def config_key(config: Config, suffix: str = "", length: int = 10) -> str:
@@ -38,26 +36,26 @@ def run_id_for(config: Config, arm: str) -> str:
 
 @dataclass(frozen=True)
 class Arm:
-    """A training method: a proposer (by name) run under its own explicit config (budget included)."""
+    """A training method (by name, methods.py) run under its own explicit config (budget included)."""
 
     name: str
     config: Config
 
-    def proposer(self) -> Proposer:
-        return make_proposer(self.name)
+    def method(self) -> Method:
+        return method(self.name)
 
 
 async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Console | None = None,
                       ws: Workspace | None = None) -> TrainResult:
     """Train one arm under `config` (or `arm.config`), resuming a previous run of the same config."""
     spec = arm if isinstance(arm, Arm) else Arm(arm, config)
-    if spec.name not in PROPOSERS:
-        raise ValueError(f"arm {spec.name!r} is not a trainer arm; use one of {tuple(PROPOSERS)}")
+    if spec.name not in trainer_methods():
+        raise ValueError(f"arm {spec.name!r} is not a trainer arm; use one of {trainer_methods()}")
     config = spec.config
     ws = ws or Workspace.open(config)
     run_id = ws.store.start_run("train", config.model_dump(mode="json") | {"arm": spec.name},
                                 run_id=run_id_for(config, spec.name))
-    engine = Engine(ws, run_id, spec.name, config, spec.proposer(), TrainView(console, enabled=console is not None))
+    engine = Engine(ws, run_id, spec.method(), config, TrainView(console, enabled=console is not None))
     seed = engine.ws.harness()
     final, rounds, stop = await engine.train(seed)
     spend = engine.spend()

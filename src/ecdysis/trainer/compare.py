@@ -1,10 +1,10 @@
 """`ecdysis compare`: every arm on the same tasks, models, cache, store and shared training budget.
 
-Arms are objects built from an explicit config (`build_arms`); no arm changes the workspace's config.
-direct (bare harness), fixed (seed, never changed), serial (per-failure search), aggregate (aggregation +
-one analyst), ecdysis (aggregation + FDCR), gepa (GEPA through the `gepa` package), best-of-k (the fixed
-harness sampled k times per test task, majority vote without gold). The training arms share
-`train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
+Arms are objects built from an explicit config (`build_arms`); no arm changes the workspace's config. The
+arms are the declared methods (methods.py), run in declaration order; how an arm runs follows its method's
+`runs`: evaluate (direct, fixed), engine (serial, serial+library, aggregate, ecdysis), gepa (GEPA through the
+`gepa` package), sample (best-of-k: the fixed harness sampled k times per test task, majority vote without
+gold). The training arms share `train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
 floor(ecdysis's training spend / one sampled pass over the test tasks), both in agent tokens
 (prompt + completion as the model reported them): the spend counts the fresh (non-response-cache) calls of
 ecdysis's training evaluations, its test passes excluded; the pass is one probe pass of the sampled
@@ -17,29 +17,31 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
 from ..workspace import Workspace
-from .api import ARMS_WITH_TRAINER, config_key, train_async
+from .api import config_key, train_async
 from .compare_results import ArmResult, add_ratios, write_results
 from .gepa_arm import cached, train_gepa, training_spend
+from .methods import METHODS, Runs
 from .records import CurvePoint
 
 __all__ = ["ARMS", "ArmResult", "Arm", "build_arms", "compare", "write_results"]
-ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "gepa", "best-of-k")
+ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
 
 
 @dataclass
 class Context:
-    """What one seed's arms share: the workspace, the transfer model, ecdysis's spend (for best-of-k)."""
+    """What one seed's arms share: the workspace, the transfer model, the training spend (agent tokens) of
+    every arm run so far (best-of-k is matched to ecdysis's)."""
 
     ws: Workspace
     transfer_model: str | None = None
-    ecdysis_spend: int | None = None
+    spend: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,7 +105,7 @@ class BaselineArm(Arm):
 
 @dataclass
 class TrainerArm(Arm):
-    """serial / aggregate / ecdysis: the training engine with this arm's config."""
+    """A method that runs the training loop (serial, serial+library, aggregate, ecdysis), with this arm's config."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
         ws, cfg = ctx.ws, self.config
@@ -193,10 +195,12 @@ class BestOfKArm(Arm):
         runner = ws.runner(run_id)
         probe = await runner.evaluate(sampled, tasks, 1, "test", "test-probe")
         per_trial = episode_tokens(ws.store.trajectories(probe.eval_id))
-        if ctx.ecdysis_spend is None:
-            ws.store.put_record(run_id, "note", "best-of-k", "no ecdysis arm ran before best-of-k: k = 1, "
+        of = METHODS[self.name].spend_of
+        spend = ctx.spend.get(of) if of else None
+        if spend is None:
+            ws.store.put_record(run_id, "note", self.name, f"no {of} arm ran before {self.name}: k = 1, "
                                 "not matched to a training spend")
-        k_uncapped = best_of_k(ctx.ecdysis_spend or 0, per_trial)
+        k_uncapped = best_of_k(spend or 0, per_trial)
         k = min(k_uncapped, cfg.eval.best_of_k_max)
         summary = await runner.evaluate(sampled, tasks, k, "test", "test")
         voted = [t for t in ws.store.trajectories(summary.eval_id) if t.termination != INFRA_ERROR]
@@ -213,19 +217,21 @@ class BestOfKArm(Arm):
         return result, sampled
 
 
-ARM_CLASSES: dict[str, type[Arm]] = {"direct": BaselineArm, "fixed": BaselineArm, "serial": TrainerArm,
-                                     "aggregate": TrainerArm, "ecdysis": TrainerArm, "gepa": GepaArm,
-                                     "best-of-k": BestOfKArm}
+RUNNERS: dict[Runs, type[Arm]] = {"evaluate": BaselineArm, "engine": TrainerArm, "gepa": GepaArm,
+                                  "sample": BestOfKArm}
+
+
+def arm_class(name: str) -> type[Arm]:
+    return RUNNERS[METHODS[name].runs]
 
 
 def build_arms(config: Config, names: list[str]) -> list[Arm]:
-    """The named arms in run order (best-of-k after ecdysis: its k needs ecdysis's spend), each with its
-    own config copy. ValueError for an unknown name."""
-    unknown = [a for a in names if a not in ARMS]
+    """The named arms in declaration order (a method is declared after the one whose spend it is matched to),
+    each with its own config copy. ValueError for an unknown name."""
+    unknown = [a for a in names if a not in METHODS]
     if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
-    assert set(ARMS_WITH_TRAINER) <= set(ARMS)
-    return [ARM_CLASSES[a](a, arm_config(config, a)) for a in ARMS if a in names]
+        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(METHODS)}")
+    return [arm_class(a)(a, arm_config(config, a)) for a in METHODS if a in names]
 
 
 async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_model: str | None = None,
@@ -242,8 +248,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
-                if arm.name == "ecdysis":
-                    ctx.ecdysis_spend = result.agent_tokens
+                ctx.spend[arm.name] = result.agent_tokens
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)

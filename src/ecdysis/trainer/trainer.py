@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +27,8 @@ from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach, measure_repairs, measurement_records
-from .records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
+from .records import AcceptRule, CurvePoint, RoundRecord
 from .rerun import runner_rerun
-from .spec import HarnessSpec
 from .view import TrainView
 
 T = TypeVar("T")
@@ -128,27 +127,6 @@ class TrainContext:
     @property
     def accept_split(self) -> str:
         return "val" if self.val_tasks else "train"
-
-    def _earlier_rounds(self, r: int) -> Iterator[tuple[int, RoundRecord | None, SpecRecord | None]]:
-        """Rounds 1 .. r-1 as stored: (round, its decision, its spec)."""
-        for k in range(1, r):
-            yield (k, records.load(self.store, self.run_id, RoundRecord, f"r{k}"),
-                   records.load(self.store, self.run_id, SpecRecord, f"r{k}"))
-
-    def earlier_attempts(self, r: int) -> str:
-        """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
-        lines = []
-        for k, decision, spec in self._earlier_rounds(r):
-            changes = HarnessSpec.model_validate(spec.spec).summary() if spec and spec.spec else ""
-            verdict = "accepted" if decision and decision.accepted else "rejected"
-            reason = (decision.reason or "") if decision else ""
-            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
-        return "\n".join(lines)
-
-    def rejected_specs(self, r: int) -> set[str]:
-        """Summaries of the specs earlier rounds (1 .. r-1) had rejected."""
-        return {HarnessSpec.model_validate(spec.spec).summary() for _, decision, spec in self._earlier_rounds(r)
-                if decision is not None and not decision.accepted and spec is not None and spec.spec is not None}
 
     def implementer(self) -> Implementer:
         """Builds candidates from specs: the implementer role, or the configured external command."""
