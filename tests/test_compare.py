@@ -36,7 +36,7 @@ from ecdysis.trainer.compare_results import (
     summarize,
     t_critical,
 )
-from ecdysis.trainer.gepa_arm import training_spend
+from ecdysis.trainer.budget import training_spend
 from ecdysis.trainer.records import CurvePoint
 from ecdysis.workspace import Workspace
 

@@ -73,8 +73,8 @@ def train_summary(console: Console, r: Any) -> None:
                       f"{verdict}: {rec.reason or ''}")
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
-    rule = r.accept_rule
-    table.add_row("edits decided on", f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}): {rule.why}")
+    if (rule := r.accept_rule) is not None:
+        table.add_row("edits decided on", f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}): {rule.why}")
     table.add_row("train accuracy", f"{_fmt(r.train_before)} -> {_fmt(r.train_after)}")  # None: not evaluated
     if r.val_before is not None:
         table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rich.console import Console
 
 from ..config import Config, identity_json
 from ..workspace import Workspace
-from .budget import AGENT_ROLES
 from .engine import Engine
 from .methods import Method, method, trainer_methods
-from .trainer import TrainResult
+from .trainer import RunCosts, TrainResult
 from .view import TrainView
 
 
@@ -62,23 +61,13 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
     curve = engine.curve()
     frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
     val_before, val_after = await engine.val_scores(seed, final)
-    timings = dict(ws.store.records(run_id, "timing"))
-    calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
-    agent = calls.get("agent", {})
     result = TrainResult(
         run_id=run_id, arm=spec.name, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
-        rounds=rounds, stop_reason=stop,
+        stop_reason=stop, val_before=val_before, val_after=val_after, test_before=test_before, test_after=test_after,
+        wall_s=spend.wall_s, agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
+        budget=engine.budget, curve=curve, rounds=rounds, accept_rule=engine.accept_rule,
         train_before=curve[0].train_score if curve else None, train_after=engine.score(final, "train"),
-        val_before=val_before, val_after=val_after, accept_rule=engine.accept_rule,
-        test_before=test_before, test_after=test_after,
-        wall_s=spend.wall_s,  # training only, not val/test reporting
-        agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
-        optimizer_calls=sum(row["calls"] for role, row in calls.items() if role not in AGENT_ROLES),
-        optimizer_tokens=spend.optimizer_tokens,
-        agent_tokens=(agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
-        curve=curve, budget=asdict(engine.budget), timings=timings,
-        prompt_cache={role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
-    )
+        **RunCosts.of_run(ws.store, run_id).as_kwargs())
     ws.store.finish_run(run_id, result.to_dict())
     return result
 

@@ -25,10 +25,11 @@ from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
 from ..workspace import Workspace
 from .api import config_key, train_async
+from .budget import agent_tokens, cached
 from .compare_results import ArmResult, add_ratios, write_results
-from .gepa_arm import cached, train_gepa, training_spend
+from .gepa_arm import train_gepa
 from .methods import METHODS, Runs
-from .records import CurvePoint
+from .trainer import TrainResult
 
 __all__ = ["ARMS", "ArmResult", "Arm", "build_arms", "compare", "write_results"]
 ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
@@ -78,10 +79,20 @@ def bare_harness(env: str) -> HarnessVersion:
     return version_from_files({"harness.toml": manifest}, origin="direct")
 
 
-def _decisions(curve: list[CurvePoint]) -> tuple[int, int]:
-    """(accepted, rejected) decisions read off a curve (step 0 is the seed, not a decision)."""
-    steps = [p for p in curve if p.step > 0]
-    return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
+def arm_result(result: TrainResult, seed: int) -> ArmResult:
+    """A training arm's row (the engine's arms and gepa report the same `TrainResult`)."""
+    accepted, rejected = result.decisions()
+    test = result.test_after or {}
+    sent = sum(p for p, _ in result.prompt_cache.values())
+    out = ArmResult(
+        result.arm, seed, result.wall_s, result.agent_executions, result.cached_executions, result.optimizer_calls,
+        result.optimizer_tokens, result.training_agent_tokens, accepted, rejected, train_acc=result.train_after,
+        val_acc=result.val_after, test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
+        pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id, stop_reason=result.stop_reason,
+        curve=sorted(result.curve, key=lambda p: p.step),
+        prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
+    out.gap = None if result.train_after is None else result.train_after - out.test_acc
+    return out
 
 
 @dataclass
@@ -108,27 +119,8 @@ class TrainerArm(Arm):
     """A method that runs the training loop (serial, serial+library, aggregate, ecdysis), with this arm's config."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        ws, cfg = ctx.ws, self.config
-        result = await train_async(cfg, self.name, ws=ws)
-        curve = sorted(result.curve, key=lambda p: p.step)
-        if curve:
-            accepted, rejected = _decisions(curve)
-        else:  # a run recorded before curves existed
-            edits = [e for r in result.rounds for e in r.attempts()]
-            accepted, rejected = sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
-        test = result.test_after or {}
-        train_after = result.train_after
-        sent = sum(p for p, _ in result.prompt_cache.values())
-        out = ArmResult(
-            self.name, cfg.run.seed, result.wall_s, result.agent_executions,
-            result.cached_executions, result.optimizer_calls, result.optimizer_tokens,
-            training_spend(ws, result.run_id)[2], accepted, rejected, train_acc=train_after, val_acc=result.val_after,
-            test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
-            pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id,
-            stop_reason=result.stop_reason, curve=curve,
-            prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
-        out.gap = None if train_after is None else train_after - out.test_acc
-        return out, ws.store.load_version(result.final_harness_id)
+        result = await train_async(self.config, self.name, ws=ctx.ws)
+        return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
 @dataclass
@@ -136,15 +128,8 @@ class GepaArm(Arm):
     """gepa: GEPA's own loop through our runner (trainer/gepa_arm.py)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        ws, cfg = ctx.ws, self.config
-        r = await train_gepa(cfg, ws)
-        test = r.test_after or {}
-        out = ArmResult(self.name, cfg.run.seed, r.wall_s, r.agent_executions, r.cached_executions,
-                        r.optimizer_calls, r.optimizer_tokens, r.agent_tokens, r.accepted, r.rejected,
-                        train_acc=None, val_acc=r.val_after, test_acc=test.get("accuracy", 0.0),
-                        pass_at_k=test.get("pass_at_k", 0.0), pass_hat_k=test.get("pass_hat_k", 0.0),
-                        harness_id=r.final_harness_id, stop_reason=r.stop_reason, curve=r.curve)
-        return out, ws.store.load_version(r.final_harness_id)
+        result = await train_gepa(self.config, ctx.ws)
+        return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
 def best_of_k(spend: int, per_trial: int) -> int:
@@ -160,8 +145,7 @@ def majority_vote(outcomes: list[Hashable]) -> Hashable | None:
 def episode_tokens(trajectories: list[Trajectory]) -> int:
     """Agent tokens the episodes' calls cost as the model reported them (a response-cache hit reports the
     original call's usage: what running the episode fresh costs)."""
-    return sum(int((e.get("usage") or {}).get("prompt_tokens", 0)) + int((e.get("usage") or {}).get(
-        "completion_tokens", 0)) for t in trajectories for e in t.of_kind("model"))
+    return sum(agent_tokens(t) for t in trajectories)
 
 
 def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[str, Any]) -> float:

@@ -21,7 +21,7 @@ from ..harness.manifest import HarnessVersion
 from ..workspace import Workspace
 from . import records
 from .accept import Decision, decide_on_same_tasks, rejection_certain
-from .budget import AGENT_ROLES, Budget, Spend
+from .budget import Budget, Spend, optimizer_spend
 from .evaluation import Evaluator, Measured
 from .failures import Pattern
 from .fdcr import SpecWriter
@@ -76,9 +76,8 @@ class Engine(TrainContext):
         """What the run has spent so far (agent episodes from the registered evaluations, optimizer calls
         from the store, wall time from the timed steps)."""
         run, cached = self.evaluator.executions()
-        roles = [row for row in self.store.call_totals(self.run_id) if row["role"] not in AGENT_ROLES]
-        return Spend(run, cached, sum(row["calls"] for row in roles),
-                     sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in roles), self.wall_s())
+        optimizer = optimizer_spend(self.store, self.run_id)
+        return Spend(run, cached, optimizer.calls, optimizer.tokens, self.wall_s())
 
     def score(self, version: HarnessVersion, split: str) -> float | None:
         """The harness's stored score on a split, when that evaluation is complete (never a made-up 0)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -21,8 +21,10 @@ from ..harness.manifest import HarnessVersion
 from ..models.base import ChatRequest, ChatResponse
 from ..models.cache import MeteredModel
 from ..runner.runner import Runner
+from ..store.db import RunStore
 from ..workspace import Workspace
 from . import records
+from .budget import Budget, optimizer_spend, training_spend
 from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
@@ -37,36 +39,105 @@ ROLES = (*DEBATE_ROLES, "moderator", "implementer")
 
 @dataclass
 class TrainResult:
+    """What every training arm reports (the engine's arms and gepa, whose `GepaResult` adds only GEPA's own)."""
+
     run_id: str
     arm: str
     seed_harness_id: str
     final_harness_id: str
     frozen_dir: Path
-    rounds: list[RoundRecord]
     stop_reason: str
-    train_before: float | None
-    train_after: float | None  # None: the final harness has no complete train evaluation (never a made-up 0)
     val_before: float | None  # None when the environment has no val tasks
     val_after: float | None
-    accept_rule: AcceptRule
     test_before: dict[str, Any] | None
     test_after: dict[str, Any] | None
-    wall_s: float
+    wall_s: float  # training only, not val/test reporting
     agent_executions: int  # training episodes actually run (cache-served ones are `cached_executions`)
+    cached_executions: int
     optimizer_calls: int
     optimizer_tokens: int
-    agent_tokens: int
-    cached_executions: int = 0
+    agent_tokens: int  # every agent token of the run, test passes included
+    training_agent_tokens: int  # fresh agent tokens of the training evaluations (what best-of-k is matched to)
+    budget: Budget
     curve: list[CurvePoint] = field(default_factory=list)  # point 0: the seed; then one per decision
-    budget: dict[str, Any] = field(default_factory=dict)
+    rounds: list[RoundRecord] = field(default_factory=list)  # the engine's rounds (gepa: none)
+    accept_rule: AcceptRule | None = None  # the engine's acceptance split and rule (gepa: its own Pareto front)
+    train_before: float | None = None
+    train_after: float | None = None  # None: the final harness has no complete train evaluation (never a made-up 0)
     timings: dict[str, float] = field(default_factory=dict)
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
 
+    def decisions(self) -> tuple[int, int]:
+        """(accepted, rejected) decisions, read off the curve (step 0 is the seed, not a decision); a run
+        recorded before curves existed: off its rounds."""
+        steps = [p for p in self.curve if p.step > 0]
+        if self.curve:
+            return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
+        edits = [e for r in self.rounds for e in r.attempts()]
+        return sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
+
     def to_dict(self) -> dict[str, Any]:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds],
-                      "accept_rule": self.accept_rule.model_dump(mode="json"),
+        return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds], "budget": asdict(self.budget),
+                      "accept_rule": self.accept_rule.model_dump(mode="json") if self.accept_rule else None,
                       "curve": [p.model_dump(mode="json") for p in self.curve]}
+
+
+@dataclass(frozen=True)
+class RunCosts:
+    """The cost fields every arm's result reads from the store the same way."""
+
+    optimizer_calls: int
+    optimizer_tokens: int
+    agent_tokens: int
+    training_agent_tokens: int
+    timings: dict[str, float]
+    prompt_cache: dict[str, tuple[int, int]]
+
+    @classmethod
+    def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
+        calls = {row["role"]: row for row in store.call_totals(run_id)}
+        agent, optimizer = calls.get("agent", {}), optimizer_spend(store, run_id)
+        return cls(optimizer.calls, optimizer.tokens,
+                   (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
+                   training_spend(store, run_id).tokens, dict(store.records(run_id, "timing")),
+                   {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """As `TrainResult` keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def metered_role(ws: Workspace, config: Config, run_id: str, role: str, model_of: str | None = None) -> MeteredModel:
+    """A run's client for an optimizer role (the model configured for `model_of`, default the role itself): the
+    workspace's backend and cache, every call recorded in the run's accounting under `role`."""
+    shared = ws.model(config.role_model(model_of or role), role=role, cache_scope=config.cache.training_scope)
+
+    def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
+        ws.store.record_call(run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
+                             response.usage.completion_tokens, response.latency_s, response.cost_usd,
+                             response.cache_hit, response.usage.cached_tokens)
+
+    return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
+                        listeners=[*shared.listeners, record])
+
+
+async def freeze_and_test(ws: Workspace, config: Config, run_id: str, seed: HarnessVersion, final: HarnessVersion,
+                          timed: Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None,
+                          test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
+    """Write the frozen harness and evaluate it (and the seed) on the held-out test split, loaded only now: no
+    optimizer role can have seen it. `timed` wraps each evaluation (the engine times its steps)."""
+    frozen = final.write(config.run.run_dir / "frozen" / final.id)
+    test_tasks, runner = ws.tasks("test", config.train.test_limit), ws.runner(run_id)
+
+    async def test(version: HarnessVersion) -> dict[str, Any]:
+        return (await runner.evaluate(version, test_tasks, config.eval.trials, "test", "test")).to_dict()
+
+    async def run(key: str, version: HarnessVersion) -> dict[str, Any]:
+        return await (timed(key, lambda: test(version)) if timed else test(version))
+
+    before = await run("test/seed", seed) if test_seed else None
+    return frozen, before, await run("test/final", final)
 
 
 def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
@@ -97,7 +168,6 @@ class TrainContext:
         self.store = self.ws.store
         self.view = view or TrainView(enabled=False)
         self.runner: Runner = self.ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
-        self.test_runner: Runner = self.ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = self.ws.tasks("train", self.cfg.train.train_limit)
         for split, n in (("train", len(self.train_tasks)), ("test", len(self.ws.tasks("test", 1)))):
@@ -143,16 +213,7 @@ class TrainContext:
         return not set(names) & set(names if offered is None else offered)
 
     def _role_model(self, role: str) -> MeteredModel:
-        """This run's client for a role: the workspace's backend and cache, this run's accounting."""
-        shared = self.ws.model(self.cfg.role_model(role), role=role, cache_scope=self.cfg.cache.training_scope)
-
-        def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
-            self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
-                                   response.usage.completion_tokens, response.latency_s, response.cost_usd,
-                                   response.cache_hit, response.usage.cached_tokens)
-
-        return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
-                            listeners=[*shared.listeners, record])
+        return metered_role(self.ws, self.cfg, self.run_id, role)
 
     def wall_s(self) -> float:
         """Training wall time so far: the finished timed steps plus the one running."""
@@ -207,14 +268,5 @@ class TrainContext:
 
     async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
                               test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
-        """Write the frozen harness and evaluate it (and the seed) on the held-out test split."""
-        frozen = final.write(self.cfg.run.run_dir / "frozen" / final.id)
-        test_tasks = self.ws.tasks("test", self.cfg.train.test_limit)
-        trials = self.cfg.eval.trials
-
-        async def test(version: HarnessVersion) -> dict[str, Any]:
-            return (await self.test_runner.evaluate(version, test_tasks, trials, "test", "test")).to_dict()
-
-        before = await self._timed("test/seed", lambda: test(seed)) if test_seed else None
-        after = await self._timed("test/final", lambda: test(final))
-        return frozen, before, after
+        """Write the frozen harness and evaluate it (and the seed) on the held-out test split (timed)."""
+        return await freeze_and_test(self.ws, self.cfg, self.run_id, seed, final, self._timed, test_seed)
