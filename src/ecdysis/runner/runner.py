@@ -54,11 +54,6 @@ class EvalSummary:
     model_retries: int = 0  # retried model requests (429s, 5xx, timeouts, malformed bodies) behind the replies
     cached_prompt_tokens: int = 0  # prompt tokens the backend served from its prefix cache (not processed again)
 
-    @property
-    def overhead_ratio(self) -> float:
-        """Share of wall time not spent waiting for the model."""
-        return max(self.wall_s - self.model_time_s, 0.0) / self.wall_s if self.wall_s else 0.0
-
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 

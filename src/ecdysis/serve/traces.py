@@ -139,7 +139,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
     records = [failure_record(t, "") for t in trajectories if not t.passed]
     patterns = aggregate(records, outcomes)
     env = _Traffic()
-    measurements = await measure_repairs(current, trajectories, env, tasks, limits, False)  # type: ignore[arg-type]
+    measurements = await measure_repairs(current, trajectories, env, tasks, limits)  # type: ignore[arg-type]
     result.measurements = [{"repairs": m.repairs, "changed_failing": m.changed, "rescued": m.rescued,
                             "lost": m.lost, "changed_passing": getattr(m, "changed_passing", []), "error": m.error}
                            for m in measurements]
@@ -190,7 +190,7 @@ async def _verify(current: HarnessVersion, spec: HarnessSpec, trajectories: list
     result.notes += notes
     try:
         candidate = check_static(current, files, [])
-        report = await check_replay(candidate, trajectories, env, tasks, limits, False)  # type: ignore[arg-type]
+        report = await check_replay(candidate, trajectories, env, tasks, limits)  # type: ignore[arg-type]
     except CheckFailed as exc:
         result.notes.append(f"candidate rejected by its checks: {exc}")
         return

@@ -5,6 +5,4 @@ from .engine import Engine
 from .records import CurvePoint
 from .trainer import TrainResult
 
-Trainer = Engine  # the name earlier code used
-
-__all__ = ["Arm", "CurvePoint", "Engine", "TrainResult", "Trainer", "train", "train_async"]
+__all__ = ["Arm", "CurvePoint", "Engine", "TrainResult", "train", "train_async"]

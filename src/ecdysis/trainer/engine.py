@@ -196,10 +196,10 @@ class Engine(TrainContext):
 
     async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                      patterns: list[Pattern]) -> CandidateRecord:
-        implementer, current, single = self.implementer(), ev.current, self.single_turn(ev.current)
+        implementer, current = self.implementer(), ev.current
 
         async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate
-            return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories, single))
+            return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories))
 
         built = await build(spec, "implement") if spec is not None else None
         used, rejected = spec, self.history.rejected_candidates()

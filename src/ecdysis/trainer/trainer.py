@@ -204,14 +204,6 @@ class TrainContext:
                            self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train),
                            rerun=runner_rerun(self.runner))
 
-    def single_turn(self, harness: HarnessVersion) -> bool:
-        """True when the harness offers none of the environment's tools (replay can regrade answers)."""
-        offered = harness.manifest.tools
-        names = tuple(getattr(self.ws.env, "tool_names", ()))
-        if getattr(self.ws.env, "conversational", False):
-            return False
-        return not set(names) & set(names if offered is None else offered)
-
     def _role_model(self, role: str) -> MeteredModel:
         return metered_role(self.ws, self.cfg, self.run_id, role)
 
@@ -257,7 +249,7 @@ class TrainContext:
             measurements = [Measurement.from_record(m) for m in same]
         else:
             measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
-                current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),
+                current, trajectories, self.ws.env, tasks, self.runner.limits,
                 rerun=runner_rerun(self.runner)))
             self.store.put_record(self.run_id, "measurements", f"harness/{current.id}",
                                   measurement_records(measurements))
