@@ -26,7 +26,8 @@ from ..models.cache import MeteredModel
 from ..sandbox.confine import bwrap_path
 from ..sandbox.host import SandboxLimits
 from ..store.db import RunStore
-from .executors import Episode, Executor, LocalExecutor
+from .episode_job import EpisodeJob
+from .executors import Executor, LocalExecutor
 from .progress import EvalProgress
 from .user_sim import UserSimulator
 
@@ -165,10 +166,10 @@ class Runner:
 
         return handle
 
-    def episode(self, harness: HarnessVersion, task: Task, trial: int) -> Episode:
+    def episode(self, harness: HarnessVersion, task: Task, trial: int) -> EpisodeJob:
         """One episode as an executor runs it: the sandbox sees the plugin's code from `plugin_paths`, the
         environment's `sandbox_files` read-only and its `sandbox_hidden` masked (read now: they may change)."""
-        return Episode(harness, self.env_name, self.env_options, task, trial, self.limits, self.plugin_paths,
+        return EpisodeJob(harness, self.env_name, self.env_options, task, trial, self.limits, self.plugin_paths,
                        [str(p) for p in getattr(self.env, "sandbox_hidden", ()) or ()],
                        [str(p) for p in getattr(self.env, "sandbox_files", ()) or ()])
 

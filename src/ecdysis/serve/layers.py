@@ -30,14 +30,13 @@ from types import ModuleType
 from typing import Any, Literal
 
 from ..agent.loop import build_system_prompt, load_module
-from ..agent.realize import realize_message
-from ..harness.api import Action, ActionContext, Reply, StepState, ToolSpec, Verdict
-from ..harness.api import ToolCall as HarnessCall
+from ..harness.api import Action, Reply, StepState, ToolSpec, Verdict
 from ..harness.manifest import HarnessError, HarnessVersion, load_harness
-from ..harness.repairs import REPAIRS_FILE, parse_repairs, repair_message
+from ..harness.repairs import REPAIRS_FILE, parse_repairs
 from ..harness.skills import parse_demos
-from ..harness.tool_calls import native_realize, parse_arguments, validate
+from ..harness.tool_calls import native_realize, parse_arguments
 from ..models.base import Message
+from .codec import Outcome, outcome_from_record, realize_outcome, state_record
 from .sandboxed import LayerCodeError, SandboxedLayers, probe
 
 
@@ -57,22 +56,6 @@ class Prepared:
     annotations: list[str] = field(default_factory=list)  # H4 annotations on the newest tool results
     stop: Verdict | None = None  # H4 asked to stop after the newest tool results
     observations: list[dict[str, Any]] = field(default_factory=list)  # newest tool results (tool, text)
-
-
-@dataclass
-class Outcome:
-    """H2 on one upstream reply: the realized actions (or the rejection) and what to tell the model."""
-
-    text: str  # the message text after message-stage repairs (calls written as text removed)
-    actions: list[Action]
-    repairs: list[str]
-    reject_rule: str = ""
-    feedback: str = ""
-    invalid: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, kind, message)
-
-    @property
-    def accepted(self) -> bool:
-        return not self.reject_rule and not self.invalid
 
 
 def _load_module(path: Path, name: str, shown: Path) -> ModuleType:
@@ -228,7 +211,7 @@ class ServedHarness:
         """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
         call, result and history: every later turn sends it again) is answered from a cache, so each request
         regulates only its new results."""
-        records = [json.dumps(_state_record(s), sort_keys=True) for s in states]
+        records = [json.dumps(state_record(s), sort_keys=True) for s in states]
         missing = [i for i, key in enumerate(records) if key not in self._verdict_cache]
         if missing:
             fresh = await self._regulate_states([states[i] for i in missing])
@@ -241,7 +224,7 @@ class ServedHarness:
     async def _regulate_states(self, states: list[StepState]) -> list[Verdict]:
         if self.sandbox is not None:
             try:
-                raw = await self.sandbox.call("regulate", {"states": [_state_record(s) for s in states]})
+                raw = await self.sandbox.call("regulate", {"states": [state_record(s) for s in states]})
             except LayerCodeError as exc:
                 raise HarnessRuntimeError(f"H4 regulate(): {exc}") from exc
             return [Verdict(v["annotation"], bool(v["stop"]), v["reason"]) for v in raw]
@@ -289,51 +272,6 @@ class ServedHarness:
         if self._code_root is not None:
             shutil.rmtree(self._code_root, ignore_errors=True)
             self._code_root = None
-
-
-def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
-                    turn: int, task_prompt: str) -> Outcome:
-    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
-    ctx = ActionContext(tools, turn, task_prompt, conversational=True)
-    repaired, _ = repair_message(repairs, reply, tools)
-    realized = realize_message(realize, repairs, reply, ctx)
-    if realized.reject is not None:
-        return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
-                       realized.reject.feedback)
-    invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
-    feedback = "\n".join(message for _, _, message in invalid)
-    return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
-
-
-def _action_record(a: Action) -> dict[str, Any]:
-    return {"tool": a.tool, "input": a.input, "arguments": a.arguments, "call_id": a.call_id}
-
-
-def _action_of(d: dict[str, Any]) -> Action:
-    return Action(d["tool"], d.get("input", ""), d.get("arguments"), d.get("call_id", ""))
-
-
-def _state_record(s: StepState) -> dict[str, Any]:
-    return {"turn": s.turn, "max_turns": s.max_turns, "action": _action_record(s.action),
-            "observation": s.observation, "history": [(_action_record(a), o) for a, o in s.history]}
-
-
-def outcome_record(o: Outcome) -> dict[str, Any]:
-    """An Outcome as JSON (what the sandboxed worker sends back)."""
-    return {"text": o.text, "actions": [_action_record(a) for a in o.actions], "repairs": o.repairs,
-            "reject_rule": o.reject_rule, "feedback": o.feedback,
-            "invalid": [(_action_record(a), kind, message) for a, kind, message in o.invalid]}
-
-
-def outcome_from_record(d: dict[str, Any]) -> Outcome:
-    return Outcome(d["text"], [_action_of(a) for a in d["actions"]], list(d["repairs"]), d["reject_rule"],
-                   d["feedback"], [(_action_of(a), kind, message) for a, kind, message in d["invalid"]])
-
-
-def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:
-    """An upstream reply ({"id", "name", "arguments"} calls) as the harness's `Reply`."""
-    return Reply(text, tuple(HarnessCall(c.get("id", ""), c.get("name", ""), c.get("arguments", "{}"))
-                             for c in calls))
 
 
 def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcome) -> list[Message]:

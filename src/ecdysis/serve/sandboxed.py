@@ -152,12 +152,6 @@ class SandboxedLayers:
 
 # --- the worker, inside the sandbox ----------------------------------------------------------------
 
-def _action(data: dict[str, Any]) -> Any:
-    from ..harness.api import Action
-
-    return Action(data["tool"], data.get("input", ""), data.get("arguments"), data.get("call_id", ""))
-
-
 def main() -> int:
     from ..sandbox.worker import HostLink, isolate
 
@@ -167,10 +161,10 @@ def main() -> int:
     sys.stdout = sys.stderr
     try:
         from ..agent.loop import load_module, load_realize
-        from ..harness.api import StepState, ToolSpec, Verdict
+        from ..harness.api import ToolSpec, Verdict
         from ..harness.manifest import version_from_files
         from ..harness.repairs import REPAIRS_FILE, parse_repairs
-        from .layers import harness_reply, outcome_record, realize_outcome
+        from .codec import harness_reply, outcome_record, realize_outcome, state_of
 
         init = link.receive()
         harness = version_from_files(init["files"], origin="harness")
@@ -202,8 +196,7 @@ def main() -> int:
             else:
                 result = []
                 for s in request["states"]:
-                    state = StepState(s["turn"], s["max_turns"], _action(s["action"]), s["observation"],
-                                      [(_action(a), o) for a, o in s["history"]])
+                    state = state_of(s)
                     verdict = regulate(state) if regulate is not None else Verdict()
                     if not isinstance(verdict, Verdict):
                         raise TypeError(f"regulate() must return a Verdict, got {verdict!r}")

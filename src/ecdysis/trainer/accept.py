@@ -1,4 +1,5 @@
-"""Acceptance rules: decide from two train evaluations (per-task scores over trials) whether to keep a candidate.
+"""Acceptance rules: decide from two evaluations on the acceptance split (val, or train when there is none: the
+current harness's and the candidate's per-task scores over trials) whether to keep a candidate.
 
 - strict: the train score strictly improves (the paper's rule);
 - tolerance: keep unless the score drops by more than `tolerance`;
