@@ -60,7 +60,7 @@ def serve(
 def train_from_traces(store: Path, harness: Path | None, out: Path | None) -> None:
     """`ecdysis train --from-traces STORE`: aggregate scored served conversations, propose and verify an edit."""
     from ..store.db import RunDirBusy
-    from .traces import run_from_traces
+    from ..trainer.from_traces import run_from_traces
 
     try:
         result = run_from_traces(store, harness, out)

@@ -17,7 +17,7 @@ from ..config import Config, identity_json
 from ..workspace import Workspace
 from .engine import Engine
 from .methods import Method, method, trainer_methods
-from .trainer import RunCosts, TrainResult
+from .result import RunCosts, TrainResult
 from .view import TrainView
 
 

@@ -29,9 +29,9 @@ from .budget import agent_tokens, cached
 from .compare_results import ArmResult, add_ratios, write_results
 from .gepa_arm import train_gepa
 from .methods import METHODS, Runs
-from .trainer import TrainResult
+from .result import TrainResult
 
-__all__ = ["ARMS", "ArmResult", "Arm", "build_arms", "compare", "write_results"]
+__all__ = ["ARMS", "ArmResult", "CompareArm", "build_arms", "compare", "write_results"]
 ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
 
 
@@ -46,7 +46,7 @@ class Context:
 
 
 @dataclass
-class Arm:
+class CompareArm:
     """One arm of a compare, with its own config (per-arm cache scope); `run` returns its result and the
     harness it froze."""
 
@@ -96,7 +96,7 @@ def arm_result(result: TrainResult, seed: int) -> ArmResult:
 
 
 @dataclass
-class BaselineArm(Arm):
+class BaselineArm(CompareArm):
     """direct / fixed: the bare or the seed harness evaluated on train and test, never changed."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -115,7 +115,7 @@ class BaselineArm(Arm):
 
 
 @dataclass
-class TrainerArm(Arm):
+class TrainerArm(CompareArm):
     """A method that runs the training loop (serial, serial+library, aggregate, ecdysis), with this arm's config."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -124,7 +124,7 @@ class TrainerArm(Arm):
 
 
 @dataclass
-class GepaArm(Arm):
+class GepaArm(CompareArm):
     """gepa: GEPA's own loop through our runner (trainer/gepa_arm.py)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -166,7 +166,7 @@ def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[st
 
 
 @dataclass
-class BestOfKArm(Arm):
+class BestOfKArm(CompareArm):
     """best-of-k: the fixed harness sampled k times per test task (test-time scaling at ecdysis's spend)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -201,15 +201,15 @@ class BestOfKArm(Arm):
         return result, sampled
 
 
-RUNNERS: dict[Runs, type[Arm]] = {"evaluate": BaselineArm, "engine": TrainerArm, "gepa": GepaArm,
+RUNNERS: dict[Runs, type[CompareArm]] = {"evaluate": BaselineArm, "engine": TrainerArm, "gepa": GepaArm,
                                   "sample": BestOfKArm}
 
 
-def arm_class(name: str) -> type[Arm]:
+def arm_class(name: str) -> type[CompareArm]:
     return RUNNERS[METHODS[name].runs]
 
 
-def build_arms(config: Config, names: list[str]) -> list[Arm]:
+def build_arms(config: Config, names: list[str]) -> list[CompareArm]:
     """The named arms in declaration order (a method is declared after the one whose spend it is matched to),
     each with its own config copy. ValueError for an unknown name."""
     unknown = [a for a in names if a not in METHODS]
@@ -247,7 +247,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
     return results
 
 
-async def _transfer(ws: Workspace, arm: Arm, version: HarnessVersion, model: str) -> float:
+async def _transfer(ws: Workspace, arm: CompareArm, version: HarnessVersion, model: str) -> float:
     """Test accuracy of the arm's frozen harness with a second agent model."""
     seed = arm.config.run.seed
     run_id = f"transfer-{arm.name}-seed{seed}"

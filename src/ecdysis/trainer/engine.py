@@ -22,6 +22,7 @@ from ..workspace import Workspace
 from . import records
 from .accept import Decision, decide_on_same_tasks, rejection_certain
 from .budget import Budget, Spend, optimizer_spend
+from .context import TrainContext
 from .evaluation import Evaluator, Measured
 from .failures import Pattern
 from .fdcr import SpecWriter
@@ -34,7 +35,6 @@ from .proposers import Evidence, Proposal, ProposerContext
 from .records import CandidateRecord, CurvePoint, RoundRecord, SpecRecord
 from .schedules import StepOutcome
 from .spec import HarnessSpec
-from .trainer import TrainContext
 from .view import TrainView
 
 WHOLE = "whole spec"

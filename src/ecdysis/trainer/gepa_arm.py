@@ -30,9 +30,10 @@ from ..workspace import Workspace
 from . import records
 from .api import run_id_for
 from .budget import Budget, optimizer_spend, training_spend
+from .context import arm_workspace, freeze_and_test, metered_role
 from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, in_thread, text_components
 from .records import CurvePoint
-from .trainer import RunCosts, TrainResult, arm_workspace, freeze_and_test, metered_role
+from .result import RunCosts, TrainResult
 
 ROLE = "reflector"
 STALL_ITERATIONS = 5  # stop after this many GEPA iterations in a row that ran no agent episode

@@ -30,18 +30,18 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Score, Task
 from ..harness.manifest import HarnessVersion, load_harness
 from ..sandbox.host import SandboxLimits
+from ..serve.record import scored_conversations
 from ..store.db import DB_NAME, RunStore
-from ..trainer.checks import CheckFailed, check_replay, check_static
-from ..trainer.failures import aggregate, failure_record
-from ..trainer.implement import apply_structured
-from ..trainer.levers import Measurement, measure_repairs, model_call_levers
-from ..trainer.spec import Change, HarnessSpec
-from .record import OUTCOME_KIND, SERVE_KIND, serve_evaluations
+from .checks import CheckFailed, check_replay, check_static
+from .failures import aggregate, failure_record
+from .implement import apply_structured
+from .levers import Measurement, measure_repairs, model_call_levers
+from .spec import Change, HarnessSpec
 
 RECORDED = "recorded conversation (served traffic)"  # marks a conversation task for replay
 
 
-class Proposal(BaseModel):
+class TracesProposal(BaseModel):
     """One proposed edit: verified by replay (H2) or unvalidated (needs agent runs)."""
 
     pattern: str
@@ -61,7 +61,7 @@ class TracesResult(BaseModel):
     skipped: int = 0  # scored conversations served by another harness version
     patterns: list[dict[str, Any]] = Field(default_factory=list)
     measurements: list[dict[str, Any]] = Field(default_factory=list)
-    proposals: list[Proposal] = Field(default_factory=list)
+    proposals: list[TracesProposal] = Field(default_factory=list)
     spec: dict[str, Any] | None = None
     candidate_id: str | None = None
     replay: dict[str, Any] | None = None
@@ -80,20 +80,6 @@ class _Traffic:
 
     def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:
         raise RuntimeError("recorded conversations cannot be regraded")
-
-
-def scored_conversations(store: RunStore) -> list[Trajectory]:
-    """The newest recorded trajectory of every conversation that received an outcome."""
-    scored: set[str] = set()
-    for run in store.runs():
-        if run["kind"] == SERVE_KIND:
-            scored |= {key for key, _ in store.records(run["id"], OUTCOME_KIND)}
-    newest: dict[str, Trajectory] = {}
-    for evaluation in serve_evaluations(store):
-        for traj in store.trajectories(evaluation["id"]):
-            if traj.task_id in scored:
-                newest[traj.task_id] = traj
-    return list(newest.values())
 
 
 def _task(traj: Trajectory) -> Task:
@@ -157,7 +143,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
             hit = _touches(best, own)
             evidence = (f"replay: acts differently in {len(hit)}/{len(own)} failing conversations of {p.id}, "
                         "changes no passing conversation")
-            result.proposals.append(Proposal(pattern=p.id, layer="H2", lever=f"enable_repair {best.repairs[0]}",
+            result.proposals.append(TracesProposal(pattern=p.id, layer="H2", lever=f"enable_repair {best.repairs[0]}",
                                              validated=False, evidence=evidence))
             if all(c.repair != best.repairs[0] for c in changes) and len(changes) < 3:
                 changes.append(Change(layer="H2", kind="enable_repair", repair=best.repairs[0],
@@ -165,7 +151,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
                 addressed.append(p.id)
             continue
         for lever in [*model_call_levers(p, trajectories, tasks), *p.levers][:4]:
-            result.proposals.append(Proposal(pattern=p.id, layer=p.layer, lever=lever, validated=False,
+            result.proposals.append(TracesProposal(pattern=p.id, layer=p.layer, lever=lever, validated=False,
                                              evidence="needs agent runs: validate on an environment "
                                                       "(`ecdysis train -c CONFIG --harness DIR`)"))
     out = Path(out_dir) if out_dir is not None else store_dir / "from-traces" / time.strftime("%Y%m%d-%H%M%S")
