@@ -20,7 +20,8 @@ from pydantic import BaseModel
 from ..harness.api import Action
 from ..harness.tool_calls import openai_tools
 from ..models.base import ChatModel, ChatRequest, GenerationParams, Message
-from .layers import ServedHarness, arguments_text, harness_reply, retry_messages
+from .codec import harness_reply
+from .layers import ServedHarness, arguments_text, retry_messages
 from .record import TraceRecorder, TurnRecord
 from .wire import ChatCompletionRequest, FinalReply, OutgoingCall
 
