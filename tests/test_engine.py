@@ -225,6 +225,7 @@ class FakeRunner:
     def __init__(self, store, lost: str = "", cached: tuple[str, ...] = ()) -> None:  # noqa: ANN001
         self.store, self.lost, self.cached, self.runs = store, lost, cached, []
         self.max_agent_tokens, self.tokens_spent = None, 0
+        self.env = None  # its episodes are never grader errors: nothing to grade again
 
     def eval_id(self, harness, tasks, trials, label) -> str:  # noqa: ANN001
         return f"{harness.id}-{label}-{'.'.join(t.id for t in tasks)}"

@@ -42,8 +42,9 @@ def test_new_user_path_own_jsonl_and_grader_file(tmp_path: Path) -> None:
     sub.mkdir()
     out = cli("eval", "-c", "../proj/ecdysis.toml", "--model", "scripted:Answer: boom", "--split", "train",
               "--run-dir", "r", cwd=sub)
-    assert out.returncode == 0, out.stdout + out.stderr  # the grader raised on every task; the batch went on
-    assert "accuracy" in out.stdout and "0.000" in out.stdout
+    assert out.returncode == 3, out.stdout + out.stderr  # the grader raised on every task; the batch went on
+    assert "accuracy" in out.stdout and "0.000" in out.stdout and "grader_error" in out.stdout
+    assert "the grader failed on" in out.stderr and "raised RuntimeError: odd answer" in out.stderr
     db = [p for p in (sub / "r").iterdir() if p.suffix == ".sqlite"][0]
     details = [json.loads(r[0])["score_detail"] for r in sqlite3.connect(db).execute("SELECT data FROM trajectories")]
     assert details and all("raised RuntimeError: odd answer" in d for d in details)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from helpers import Roles, add_answer, make_ws
 
 from ecdysis.models import Message, ScriptedModel
@@ -96,11 +95,11 @@ async def test_show_and_diff_print_rounds_and_the_harness_change(tmp_path: Path)
     assert unknown.returncode == 2 and "no run 'train-nope'" in unknown.stderr
 
 
-def test_report_of_an_eval_run_is_refused_clearly(tmp_path: Path) -> None:
+def test_report_of_an_eval_run_without_evaluations_says_so(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     run_id = store.start_run("eval", {"env": {"name": "jsonl"}})
-    with pytest.raises(ValueError, match="is a eval run; reports cover training runs"):
-        render_report(store, run_id)
+    text = render_report(store, run_id)  # an evaluation report (tests/test_failures_visible.py has a full one)
+    assert f"Evaluation report <code>{run_id}</code>" in text and "this run has no evaluations" in text
 
 
 def test_a_split_validated_in_batches_counts_every_task_it_scored() -> None:

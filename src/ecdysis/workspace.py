@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -10,7 +11,7 @@ from pathlib import Path
 from .config import Config
 from .envs import Environment, Task, get_environment, plugin_root, seeded_order
 from .harness.generic_seed import generic_seed
-from .harness.manifest import HarnessVersion, load_harness
+from .harness.manifest import HarnessError, HarnessVersion, load_harness
 from .models import ChatModel, MeteredModel, ResponseCache, build_model, default_cache_path
 from .runner import Runner
 from .runner.executors import Executor, make_executor
@@ -31,6 +32,22 @@ def seed_harness_dir(env: str) -> Path:
         raise FileNotFoundError(f"no built-in seed harness for environment {env!r}; "
                                 f"write one with `ecdysis init DIR --env {env}`")
     return path
+
+
+def check_code_loads(version: HarnessVersion, where: Path | str) -> None:
+    """Import a layered harness's code (H2 `action.py`, H4 `regulate.py`) once in a sandboxed worker, never in
+    this process: a file that fails to import or lacks its layer's function is refused now with a HarnessError
+    naming it, instead of crashing every episode."""
+    m = version.manifest
+    if m.mode != "layered" or not (m.files.action or m.files.regulate):
+        return
+    from .serve.sandboxed import LayerCodeError, probe
+
+    try:
+        probe(version.files)
+    except LayerCodeError as exc:
+        message = re.sub(r"[\w.]*HarnessLoadError: ", "", str(exc))
+        raise HarnessError(f"{where}: {message}") from None
 
 
 @dataclass
@@ -74,9 +91,12 @@ class Workspace:
         return self.models[key]
 
     def harness(self) -> HarnessVersion:
-        """The configured harness; else the built-in seed; else a seed written from the environment."""
+        """The configured harness (its code loaded once in the sandbox: `check_code_loads`); else the built-in
+        seed; else a seed written from the environment."""
         if self.config.agent.harness:
-            return load_harness(self.config.agent.harness)
+            version = load_harness(self.config.agent.harness)
+            check_code_loads(version, self.config.agent.harness)
+            return version
         try:
             return load_harness(seed_harness_dir(self.config.env.name))
         except FileNotFoundError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -34,14 +35,32 @@ class ModelFailure(RuntimeError):
     """The model backend failed for good; the episode ends as `model_error`."""
 
 
+class HarnessLoadError(ImportError):
+    """A harness file failed to import, or lacks the function its layer needs; the message names the file."""
+
+
 def load_module(path: Path, name: str) -> ModuleType:
+    """Import a harness file; HarnessLoadError naming the file (and the line) when its import raises."""
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
+        raise HarnessLoadError(f"cannot load {path.name}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        where = f" (line {lines[-1]})" if lines else ""
+        raise HarnessLoadError(f"{path.name} failed to import{where}: {type(exc).__name__}: {exc}") from exc
     return module
+
+
+def layer_function(module: ModuleType, name: str, path: Path) -> Callable[..., Any]:
+    """The function a layer file must define; HarnessLoadError naming the file when it does not."""
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise HarnessLoadError(f"{path.name} defines no function {name}() (see ecdysis.harness.api)")
+    return fn
 
 
 def render_tools(tools: tuple[ToolSpec, ...]) -> str:
@@ -132,7 +151,8 @@ def _default_regulate(state: StepState) -> Verdict:
 
 def load_realize(harness: HarnessVersion, harness_dir: Path) -> RealizeFn:
     if harness.manifest.files.action:
-        return load_module(harness_dir / harness.manifest.files.action, "harness_action").realize
+        path = harness_dir / harness.manifest.files.action
+        return layer_function(load_module(path, "harness_action"), "realize", path)
     return native_realize if harness.manifest.tool_calling == "native" else _text_realize
 
 
@@ -178,8 +198,8 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     traj.add("prompt", 0, system=system_prompt, skills=skill_ids, tips=tips,
              tools=[t.to_record() for t in tools])
     if m.mode == "freeform":
-        loop = load_module(harness_dir / str(m.files.loop), "harness_loop")
-        answer = loop.run(session)
+        path = harness_dir / str(m.files.loop)
+        answer = layer_function(load_module(path, "harness_loop"), "run", path)(session)
         traj.final_answer = None if answer is None else str(answer)
         traj.termination = "answered" if answer is not None else "stopped"
         return
@@ -187,7 +207,8 @@ def run_episode(harness: HarnessVersion, harness_dir: Path, task: dict[str, Any]
     repairs = parse_repairs(harness.files.get(REPAIRS_FILE))
     regulate = _default_regulate
     if m.files.regulate:
-        regulate = load_module(harness_dir / m.files.regulate, "harness_regulate").regulate
+        path = harness_dir / m.files.regulate
+        regulate = layer_function(load_module(path, "harness_regulate"), "regulate", path)
     messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages += parse_demos(harness.layer_text("demos"))
     messages += example_messages(harness.layer_text("examples"), task["prompt"])  # retrieved for this task

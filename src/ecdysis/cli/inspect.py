@@ -1,7 +1,8 @@
 """Commands that read a run directory: `runs list`, `show`, `report`, `diff`. They never write to the store.
 
 Each takes the run directory as `--run-dir`, or from a config (`-c`), else runs/default; a run id (or unique
-prefix) is optional: the latest run (for `report` and `diff`, the latest training run) by default."""
+prefix) is optional: the latest run by default (for `diff`, the latest training run; for `report`, the latest
+training run if there is one). `show --task ID` prints one episode turn by turn (`episode.py`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ from .common import ConfigOpt, JsonOpt, RunDirOpt, config_run_dir, console, fail
 RunArg = Annotated[str | None, typer.Argument(help="Run id or a unique prefix (default: the latest run).")]
 TrainRunArg = Annotated[str | None, typer.Argument(help="Training run id or a unique prefix "
                                                         "(default: the latest training run).")]
+
+
+ReportRunArg = Annotated[str | None, typer.Argument(help="Run id or a unique prefix (default: the latest training "
+                                                         "run, else the latest run).")]
 
 
 def _locate(config: Path | None, run_dir: Path | None, run: str | None, kind: str | None) -> tuple[Any, Path, str]:
@@ -42,12 +47,32 @@ def show(
     run_dir: RunDirOpt = None,
     config: ConfigOpt = None,
     as_json: JsonOpt = False,
+    task: Annotated[str | None, typer.Option("--task", help="Show this task's episode turn by turn.")] = None,
+    trial: Annotated[int | None, typer.Option(help="With --task: the trial (default: the lowest recorded).")] = None,
+    eval_ref: Annotated[str | None, typer.Option("--eval", help="With --task: the evaluation (id or prefix, or a "
+                                                                "label: train, val, test, eval); default the latest "
+                                                                "that ran the task.")] = None,
 ) -> None:
-    """One run: its summary and rounds (training runs), evaluations, model calls by role."""
+    """One run: its summary and rounds (training runs), evaluations with their failures by kind, model calls by
+    role. With --task: one episode turn by turn (messages, calls, results, rejections, repairs, the exception,
+    the grade)."""
     store, run_dir, run = _locate(config, run_dir, run, None)
     record = store.run(run)
     if record is None:
         fail(f"no run {run!r} in {run_dir}; see `ecdysis runs list --run-dir {run_dir}`")
+        return
+    if task is not None or trial is not None or eval_ref is not None:
+        from .episode import episode_json, find_episode, print_episode
+
+        if task is None:
+            fail("--trial and --eval choose an episode of --task ID; add --task")
+        if record["kind"] == "serve":
+            fail(f"{record['id']} is a serve run: its sessions are shown by `ecdysis show {record['id']}`")
+        choice = find_episode(store, record["id"], task, trial, eval_ref)  # type: ignore[arg-type]
+        if as_json:
+            views.print_json(episode_json(choice))
+        else:
+            print_episode(console, choice, str(run_dir))
         return
     if record["kind"] == "serve":
         from ..serve.cli import show_run
@@ -69,16 +94,19 @@ def show(
 
 
 def report(
-    run: TrainRunArg = None,
+    run: ReportRunArg = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
     run_dir: RunDirOpt = None,
     config: ConfigOpt = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the report in a browser.")] = False,
 ) -> None:
-    """Write a self-contained HTML report of a training run (plots, rounds, diffs, lineage, trajectories)."""
+    """Write a self-contained HTML report of a run: a training run (plots, rounds, diffs, lineage, trajectories)
+    or an evaluation (accuracy, failures by kind, every episode)."""
     from ..report.html import write_report
 
-    store, run_dir, run = _locate(config, run_dir, run, "train")
+    run_dir = config_run_dir(config, run_dir)
+    store = open_store(run_dir)
+    run = run or latest_run(store, "train" if any(r["kind"] == "train" for r in store.runs()) else None)
     record = store.run(run)
     if record is not None and record["kind"] == "serve":
         from ..serve.cli import report_run

@@ -26,10 +26,11 @@ from ..models import (
     build_model,
     local_models,
 )
+from ..runner.failures import GraderFailed
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from ..trainer.methods import METHODS, help_text, trainer_methods
-from . import doctor, inspect, views
+from . import doctor, failure_views, inspect, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, fail, notice
 from .exits import run_guarded
 
@@ -274,6 +275,8 @@ def eval_cmd(
     else:
         views.eval_summary(console, summary, run_id, cfg.run.run_dir)
     ws.close()
+    if summary.failures.grader_errors:
+        failure_views.exit_grader_failed(failure_views.grader_failed_text(summary.failures, summary.episodes))
 
 
 @app.command()
@@ -314,12 +317,15 @@ def train(
         })
         ws = AnnouncingWorkspace.open(cfg)
         result = asyncio.run(train_async(cfg, arm=arm, console=console, ws=ws))
+    except GraderFailed as exc:
+        failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
     views.train_summary(console, result)
     finish_train(console, ws.store, result.run_id, report=report)
     ws.close()
+    failure_views.show_test_failures(console, result, cfg.run.run_dir)
 
 
 @app.command()
@@ -352,6 +358,8 @@ def compare(
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
+    except GraderFailed as exc:
+        failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
@@ -393,7 +401,8 @@ def compare_summary(
 def main(argv: list[str] | None = None) -> None:
     """The `ecdysis` entry point; exit statuses as `cli/exits.py` says (2: a user error, with its message; 1: an
     internal error, one line, or its traceback when `--debug` is anywhere before `--` or ECDYSIS_DEBUG=1;
-    130: Ctrl-C, the run marked interrupted)."""
+    3: a grader that failed on some episode (`eval`, `train`, `compare`); 130: Ctrl-C, the run marked
+    interrupted)."""
     args = list(sys.argv[1:] if argv is None else argv)
     end = args.index("--") if "--" in args else len(args)
     debug = "--debug" in args[:end] or os.environ.get("ECDYSIS_DEBUG", "") not in ("", "0")

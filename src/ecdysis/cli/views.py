@@ -11,8 +11,10 @@ from rich.console import Console
 from rich.table import Table
 
 from ..models.local_models import LocalModelSpec
+from ..runner.failures import FailureCounts, merge_counts
 from ..runner.runner import EvalSummary
 from ..store import RunStore
+from .failure_views import failure_table
 
 
 def key_column(table: Table, name: str, values: list[str]) -> None:
@@ -54,6 +56,7 @@ def eval_summary(console: Console, s: EvalSummary, run_id: str, run_dir: Path) -
     table.add_row("wall time (this invocation)", f"{s.wall_s:.1f}s")
     table.add_row("model time (all episodes)", f"{s.model_time_s:.1f}s")
     console.print(table)
+    failure_table(console, s.failures, show=f"ecdysis show {run_id} --run-dir {run_dir}")
     console.print(f"[dim]stored in {run_dir}; `ecdysis show {run_id} --run-dir {run_dir}`[/]")
 
 
@@ -162,13 +165,16 @@ def run_detail(console: Console, store: RunStore, run: dict[str, Any],
     table = Table(title="Evaluations")
     evaluations = run_evaluations(store, run["id"]) if evaluations is None else evaluations
     key_column(table, "eval", [e["id"] for e in evaluations])
-    for col in ("label", "harness", "split", "done/planned", "accuracy", "terminations", "tokens"):
+    for col in ("label", "harness", "split", "done/planned", "accuracy", "terminations", "failures", "tokens"):
         table.add_column(col)
-    for e in evaluations:
+    failures = [FailureCounts.from_dict(e.get("failures")) for e in evaluations]
+    for e, failed in zip(evaluations, failures, strict=True):
         table.add_row(e["id"], e["label"], e["harness_id"][:8], e["split"], f"{e['done']}/{e['planned']}",
                       f"{e['accuracy']:.3f}", ", ".join(f"{k}={v}" for k, v in sorted(e["terminations"].items())),
-                      str(e["tokens"]))
+                      failed.text() or "-", str(e["tokens"]))
     console.print(table)
+    failure_table(console, merge_counts(failures), "Failures by kind over these evaluations (apart from wrong "
+                  "answers)", show=f"ecdysis show {run['id']} --run-dir {store.run_dir}")
     calls = Table(title="Model calls by role")
     for col in ("role", "calls", "cache hits", "prompt tok", "prefix-cached tok", "completion tok", "model time",
                 "cost $"):

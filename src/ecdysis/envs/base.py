@@ -74,12 +74,21 @@ def gold_text(gold: Any) -> str | None:
     return None
 
 
+GRADER_ERROR = "grader_error"  # a Score's `components` key: the grader failed, so its 0 is not the answer's
+
+
 @dataclass(frozen=True)
 class Score:
     value: float
     passed: bool
     detail: str = ""
     components: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def grader_error(cls, message: str) -> Score:
+        """The score of an episode the grader failed on: 0, with the failure kept under `GRADER_ERROR`, so it
+        is counted apart from wrong answers (`ecdysis.runner.failures`)."""
+        return cls(0.0, False, message, {GRADER_ERROR: message})
 
 
 class Episode(Protocol):
@@ -111,7 +120,11 @@ class Environment(Protocol):
 
     def tasks(self, split: str) -> list[Task]: ...
 
-    def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score: ...
+    def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:
+        """The episode's score. Raising, or returning anything but a `Score` whose value is a finite number, is
+        a grader error (the episode scores 0, counted apart from wrong answers); `Score.grader_error(message)`
+        reports one explicitly."""
+        ...
 
 
 class NoToolEpisode:

@@ -1,7 +1,9 @@
 """Graders for your own single-turn tasks: built-in ones by name, or your function by reference.
 
 A grader is `grade(answer: str | None, gold) -> float | bool` (1.0 / True = correct) and runs in the
-host. `env.options.grader` (or `--grader`) is one of:
+host. One that cannot be called that way is refused when it is loaded; one that raises, or returns anything
+but a number or a bool, is a grader error on that episode (scored 0 and counted apart from wrong answers:
+`eval` exits 3). `env.options.grader` (or `--grader`) is one of:
 
     exact        the answer equals the gold text (case and surrounding space ignored)
     normalized   equal after lowercasing, dropping punctuation, articles and extra spaces
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
+import math
 import re
 import string
 import sys
@@ -74,9 +78,45 @@ BUILTIN: dict[str, Grader] = {"exact": exact, "normalized": normalized, "numeric
                               "regex": regex, "contains": contains}
 
 
+def grade_value(result: Any, ref: str) -> float:
+    """A grader's result as a score: a bool or a finite number. Anything else raises TypeError saying so."""
+    if isinstance(result, bool):
+        return float(result)
+    if isinstance(result, (int, float)) and math.isfinite(result):
+        return float(result)
+    shown = repr(result) if len(repr(result)) <= 60 else repr(result)[:57] + "..."
+    raise TypeError(f"grader {ref} returned {type(result).__name__} {shown}; a grader returns a number or a bool "
+                    "(1.0 / True = correct)")
+
+
+def check_tolerance(tolerance: Any) -> float | None:
+    """`env.options.tolerance` as a float (None: the default); ValueError unless it is a number >= 0."""
+    if tolerance is None:
+        return None
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or not tolerance >= 0:
+        raise ValueError(f"env.options.tolerance must be a number >= 0 (the numeric grader's relative tolerance, "
+                         f"e.g. 1e-6), got {tolerance!r}")
+    return float(tolerance)
+
+
+def _check_callable(fn: Callable[..., Any], ref: str) -> None:
+    """Refuse a grader that cannot be called as grade(answer, gold), naming its signature."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without introspectable signature: trust it
+        return
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise ValueError(f"grader {ref!r}: {getattr(fn, '__name__', 'it')}{signature} cannot be called as "
+                         "grade(answer, gold); a grader takes the answer (str or None) and the gold answer") from None
+
+
 def load_grader(ref: str, search: list[Path] | None = None, tolerance: float | None = None) -> Grader:
     """A built-in grader by name, or a user function by `module:function` / `file.py:function`.
-    Raises ValueError saying what is wrong and where it looked."""
+    Raises ValueError saying what is wrong and where it looked (also for a function that cannot be called as
+    grade(answer, gold), or a tolerance that is not a number)."""
+    tolerance = check_tolerance(tolerance)
     if ref in BUILTIN:
         if ref == "numeric" and tolerance is not None:
             return lambda answer, gold: numeric(answer, gold, tolerance)
@@ -110,4 +150,5 @@ def load_grader(ref: str, search: list[Path] | None = None, tolerance: float | N
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise ValueError(f"grader {ref!r}: {target} has no function {attr!r}")
+    _check_callable(fn, ref)
     return fn

@@ -4,7 +4,8 @@ Each line: {"id": "...", "prompt": "...", "answer": <anything JSON>, "split": "t
 "choices": [...]?, "kind": "..."?}. A finite answer set (`choices` on a line, or `env.options.labels` for every
 task) is declared to the harness as `public["choices"]` (the `answer_set` repair maps or rejects answers
 outside it); `kind` goes to `task.meta["type"]`.
-The grader runs in the host; one that raises scores that task 0 with the exception recorded.
+The grader runs in the host; one that raises or returns a non-number scores that task 0 as a grader error
+(`Score.grader_error`), which `eval` reports apart from wrong answers.
 Lines without a split are partitioned train/val/test by a seeded hash.
 """
 
@@ -26,7 +27,7 @@ from .base import (
     require,
     unique_id,
 )
-from .graders import Grader, load_grader
+from .graders import Grader, grade_value, load_grader
 
 
 @dataclass
@@ -81,10 +82,13 @@ class JsonlSuite:
         if self._grader_fn is None:
             self._grader_fn = load_grader(self.grader, self.search, self.tolerance)
         try:
-            value = float(self._grader_fn(answer, task.gold))
+            result = self._grader_fn(answer, task.gold)
         except Exception as exc:  # noqa: BLE001 - one odd answer must not abort the batch
-            return Score(0.0, False, f"grader {self.grader} raised {type(exc).__name__}: {exc}",
-                         {"grader_error": repr(exc)})
+            return Score.grader_error(f"grader {self.grader} raised {type(exc).__name__}: {exc}")
+        try:
+            value = grade_value(result, self.grader)
+        except TypeError as exc:
+            return Score.grader_error(str(exc))
         return Score(value, value >= 1.0, f"grader {self.grader} gave {value:g}")
 
 

@@ -9,6 +9,7 @@ every path the manifest names, stays inside the harness folder.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import hashlib
 import json
@@ -27,6 +28,9 @@ __all__ = ["HarnessError", "HarnessFileError", "HarnessVersion", "Manifest", "lo
 MANIFEST = "harness.toml"
 LAYER_FILES = ("contract", "skills", "demos", "examples", "action", "regulate", "loop")
 MAX_FILE_BYTES = TreeLimits().max_file_bytes
+# the function each code layer must define (harness/api.py), by the mode that uses the layer
+LAYER_FUNCTIONS = {"action": ("layered", "realize(reply, ctx)"), "regulate": ("layered", "regulate(state)"),
+                   "loop": ("freeform", "run(agent)")}
 
 
 class Generation(BaseModel):
@@ -139,11 +143,16 @@ def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
         text = files[rel]
         if rel.endswith(".py"):
             try:
-                compile(text, f"{origin}/{rel}", "exec")
+                tree = compile(text, f"{origin}/{rel}", "exec", ast.PyCF_ONLY_AST)
             except SyntaxError as exc:
                 raise HarnessError(
                     f"{origin}/{rel}, line {exc.lineno}: syntax error: {exc.msg}"
                 ) from exc
+            mode, signature = LAYER_FUNCTIONS.get(layer, ("", ""))
+            name = signature.partition("(")[0]
+            if mode == manifest.mode and not _binds(tree.body, name):
+                raise HarnessError(f"{origin}/{rel}: defines no function {name}(); the {layer} layer needs "
+                                   f"`def {signature}` at the top level (see ecdysis.harness.api)")
         elif rel.endswith(".json"):
             try:
                 json.loads(text)
@@ -156,6 +165,27 @@ def check_files(files: dict[str, str], manifest: Manifest, origin: str) -> None:
             raise HarnessError(f"{origin}/{REPAIRS_FILE}: {exc}") from exc
     if manifest.mode == "freeform" and manifest.files.loop is None:
         raise HarnessError(f"{origin}/{MANIFEST}: mode 'freeform' needs files.loop")
+
+
+def _binds(body: list[ast.stmt], name: str) -> bool:
+    """Whether module-level statements may bind `name` (a def, class, assignment or import, also inside a
+    top-level if/try/with); a star import may bind anything."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(n, ast.Name) and n.id == name for t in targets for n in ast.walk(t)):
+                return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*" or (alias.asname or alias.name.split(".")[0]) == name:
+                    return True
+        blocks = [getattr(node, f, None) or [] for f in ("body", "orelse", "finalbody")]
+        blocks += [h.body for h in getattr(node, "handlers", None) or []]
+        if isinstance(node, (ast.If, ast.Try, ast.With)) and any(_binds(b, name) for b in blocks):
+            return True
+    return False
 
 
 def set_manifest_value(text: str, section: str, key: str, value: int | float | str) -> str:

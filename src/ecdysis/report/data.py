@@ -12,6 +12,7 @@ from typing import Any
 
 from ..agent.trajectory import Trajectory
 from ..harness.manifest import diff_versions
+from ..runner.failures import FailureCounts, count_failures
 from ..store.db import RunStore
 from ..trainer import records
 from ..trainer.records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
@@ -34,12 +35,14 @@ class EvalRow:
     terminations: dict[str, int]
     passed: frozenset[str]  # tasks with a passing episode
     scores: dict[str, float] = field(default_factory=dict)  # task -> mean score over its trials
+    failures: FailureCounts = field(default_factory=FailureCounts)  # by kind, each with its first message
 
     def to_dict(self) -> dict[str, Any]:
         """The row as `show --json` prints it."""
         return {"id": self.id, "label": self.label, "harness_id": self.harness_id, "split": self.split,
                 "done": self.episodes, "planned": self.n_tasks * self.trials, "accuracy": self.accuracy,
-                "terminations": self.terminations, "tokens": self.tokens, "per_task": self.scores}
+                "terminations": self.terminations, "tokens": self.tokens, "per_task": self.scores,
+                "failures": self.failures.to_dict()}
 
 
 @dataclass
@@ -181,7 +184,8 @@ def evaluation_rows(store: RunStore, run_id: str) -> list[EvalRow]:
             tokens=sum(t.prompt_tokens + t.completion_tokens for t in trajs),
             wall_s=float(summary.get("wall_s") or 0.0),
             terminations=dict(Counter(t.termination for t in trajs)),
-            passed=frozenset(t.task_id for t in trajs if t.passed), scores=_task_scores(trajs)))
+            passed=frozenset(t.task_id for t in trajs if t.passed), scores=_task_scores(trajs),
+            failures=count_failures(trajs)))
     return rows
 
 

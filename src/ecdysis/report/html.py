@@ -1,4 +1,5 @@
-"""`ecdysis report`: one self-contained HTML file (inline CSS, SVG plots, no network) from the run store."""
+"""`ecdysis report`: one self-contained HTML file (inline CSS, SVG plots, no network) from the run store, of a
+training run or (evaluation.py) of any other run's evaluations."""
 
 from __future__ import annotations
 
@@ -62,12 +63,13 @@ def lineage_html(nodes: list[VersionNode]) -> Markup:
 
 
 def render_report(store: RunStore, run_id: str) -> str:
-    """The report of one training run as HTML text. KeyError when the run is not in the store;
-    ValueError when it is not a training run."""
+    """The report of one run as HTML text: a training run's, or (any other run) its evaluations' with their
+    failures and episodes (`evaluation.py`). KeyError when the run is not in the store."""
     run = load_run(store, run_id)
     if run.kind != "train":
-        raise ValueError(f"run {run.run_id} is a {run.kind} run; reports cover training runs "
-                         f"(see `ecdysis runs list --run-dir {store.run_dir}`)")
+        from .evaluation import render_eval_report
+
+        return render_eval_report(store, run)
     arms = [r for r in training_runs(store) if r.config.get("env", {}).get("name") == run.config.get("env", {})
             .get("name")]
     env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=True)  # model text is data

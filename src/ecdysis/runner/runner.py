@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from ..sandbox.host import SandboxLimits
 from ..store.db import RunStore
 from .episode_job import EpisodeJob
 from .executors import Executor, LocalExecutor
+from .failures import FailureCounts, count_failures, grader_error_of
 from .progress import EvalProgress
 from .user_sim import UserSimulator
 
@@ -54,18 +56,45 @@ class EvalSummary:
     infra_failures: int = 0  # episodes lost by the infrastructure (not scored; retried on the next run)
     model_retries: int = 0  # retried model requests (429s, 5xx, timeouts, malformed bodies) behind the replies
     cached_prompt_tokens: int = 0  # prompt tokens the backend served from its prefix cache (not processed again)
+    failures: FailureCounts = field(default_factory=FailureCounts)  # by kind, each with its first message
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: v for k, v in self.__dict__.items()} | {"failures": self.failures.to_dict()}
 
 
 def grade_safely(env: Environment, task: Task, traj: Trajectory) -> Score:
-    """Grade in the host; a grader that raises scores 0 with the exception recorded."""
+    """Grade in the host. A grader that raises, or returns anything but a `Score` whose value is a finite number,
+    is a grader error: the episode scores 0 with the error kept (`Score.grader_error`), counted apart from
+    wrong answers."""
     state = {**traj.final_state, "conversation": traj.conversation, "termination": traj.termination}
     try:
-        return env.grade(task, traj.final_answer, state)
+        score = env.grade(task, traj.final_answer, state)
     except Exception as exc:  # noqa: BLE001 - a grader bug must not abort the batch
-        return Score(0.0, False, f"grader raised {type(exc).__name__}: {exc}", {"grader_error": repr(exc)})
+        return Score.grader_error(f"grader raised {type(exc).__name__}: {exc}")
+    if not isinstance(score, Score):
+        return Score.grader_error(f"{type(env).__name__}.grade returned {type(score).__name__} {score!r:.60}, "
+                                  "not a Score")
+    value = score.value
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        return Score.grader_error(f"{type(env).__name__}.grade gave the score value {value!r:.60}; a Score's value "
+                                  "is a finite number")
+    return score
+
+
+def regrade_grader_errors(store: RunStore, env: Environment, eval_id: str, tasks: list[Task]) -> int:
+    """Grade again the stored episodes of `eval_id` the grader failed on (it may have been fixed since); no
+    model calls. Returns how many were graded again."""
+    by_id = {t.id: t for t in tasks}
+    regraded = 0
+    for traj in store.trajectories(eval_id):
+        if grader_error_of(traj) is None or traj.task_id not in by_id:
+            continue
+        score = grade_safely(env, by_id[traj.task_id], traj)
+        traj.score, traj.passed = score.value, score.passed
+        traj.score_detail, traj.score_components = score.detail, score.components
+        store.record_trajectory(eval_id, traj)
+        regraded += 1
+    return regraded
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -77,8 +106,10 @@ def pass_hat_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(eval_id: str, harness_id: str, split: str, trials: int,
-              recorded: list[Trajectory], wall_s: float) -> EvalSummary:
-    """Scores over the episodes that ran; episodes the infrastructure lost are counted apart."""
+              recorded: list[Trajectory], wall_s: float, not_run: int = 0, not_run_reason: str = "") -> EvalSummary:
+    """Scores over the episodes that ran; episodes the infrastructure lost are counted apart, and every failure
+    (grader errors, crashes, budget stops, timeouts, model errors, lost episodes; `not_run` episodes the budget
+    left unrun) is counted by kind (`failures.count_failures`)."""
     trajectories = [t for t in recorded if t.termination != INFRA_ERROR]
     per_task: dict[str, list[float]] = {}
     for t in trajectories:
@@ -102,6 +133,7 @@ def summarize(eval_id: str, harness_id: str, split: str, trials: int,
         model_retries=sum(int(e.get("retries", 0)) for t in trajectories for e in t.of_kind("model")),
         cached_prompt_tokens=sum(int((e.get("usage") or {}).get("cached_tokens", 0)) for t in trajectories
                                  for e in t.of_kind("model") if not e.get("cache_hit")),
+        failures=count_failures(recorded, not_run, not_run_reason),
     )
 
 
@@ -189,6 +221,7 @@ class Runner:
         self.store.save_version(harness)
         self.store.open_evaluation(eval_id, self.run_id, harness.id, self.model.identity, self.env_name,
                                    split, trials, len(tasks), label)
+        regrade_grader_errors(self.store, self.env, eval_id, tasks)  # a fixed grader: graded again, nothing re-run
         done = self.store.done_keys(eval_id)
         todo = [(t, k) for k in range(trials) for t in tasks if (t.id, k) not in done]
         start = time.perf_counter()
@@ -223,7 +256,9 @@ class Runner:
         finally:
             await self.executor.idle()
         trajectories = self.store.trajectories(eval_id)
-        summary = summarize(eval_id, harness.id, split, trials, trajectories, time.perf_counter() - start)
+        unrun = len(tasks) * trials - len(trajectories) if self._over_budget() else 0
+        summary = summarize(eval_id, harness.id, split, trials, trajectories, time.perf_counter() - start,
+                            unrun, f"run.max_agent_tokens ({self.max_agent_tokens}) spent")
         complete = summary.episodes == len(tasks) * trials
         record = summary.to_dict() | {"complete": complete, "budget_exhausted": self._over_budget()}
         self.store.finish_evaluation(eval_id, record)

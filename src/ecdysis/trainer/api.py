@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from rich.console import Console
 
 from ..config import Config, identity_json
+from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .engine import Engine
 from .methods import Method, method, trainer_methods
@@ -56,11 +57,16 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
                                 run_id=run_id_for(config, spec.name))
     engine = Engine(ws, run_id, spec.method(), config, TrainView(console, enabled=console is not None))
     seed = engine.ws.harness()
-    final, rounds, stop = await engine.train(seed)
-    spend = engine.spend()
-    curve = engine.curve()
-    frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
-    val_before, val_after = await engine.val_scores(seed, final)
+    try:
+        final, rounds, stop = await engine.train(seed)
+        spend = engine.spend()
+        curve = engine.curve()
+        frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
+        val_before, val_after = await engine.val_scores(seed, final)
+    except GraderFailed as exc:  # nothing to learn from a grader's failures: the run says why it stopped
+        ws.store.finish_run(run_id, {"arm": spec.name, "stop_reason": f"grader failed: {exc}",
+                                     "failures": exc.failures.to_dict()}, status="grader_failed")
+        raise
     result = TrainResult(
         run_id=run_id, arm=spec.name, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
         stop_reason=stop, val_before=val_before, val_after=val_after, test_before=test_before, test_after=test_after,

@@ -23,6 +23,7 @@ from typing import Any
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
+from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .api import config_key, train_async
 from .budget import agent_tokens, cached
@@ -107,6 +108,9 @@ class BaselineArm(CompareArm):
         train = await runner.evaluate(version, ws.tasks("train", cfg.train.train_limit), cfg.train.train_trials,
                                       "train", "train")
         test = await runner.evaluate(version, ws.tasks("test", cfg.train.test_limit), cfg.eval.trials, "test", "test")
+        for split, summary in (("train", train), ("test", test)):  # no arm is compared on a grader's failures
+            if summary.failures.grader_errors:
+                raise GraderFailed(split, summary.episodes, summary.failures)
         result = ArmResult(self.name, cfg.run.seed, train_acc=train.accuracy, test_acc=test.accuracy,
                            gap=train.accuracy - test.accuracy, pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k,
                            harness_id=version.id)

@@ -9,6 +9,9 @@ Between batches the evaluation stops when the budget is spent or when a `stop` p
 validation) says the outcome is decided. Episodes the infrastructure lost are run once more; what is
 still missing after that is named in `Measured.stopped`.
 
+An evaluation on which the grader failed (a grader error on any episode) raises `GraderFailed` before anything
+is decided or diagnosed from it; once the grader is fixed, the same command grades the stored episodes again.
+
 Every training evaluation is registered in the run store (kind `spend`) before it runs; the run's agent
 executions are recounted from the registered evaluations' stored episodes, so a killed run resumes with
 the right spend and episodes run before the kill are charged once.
@@ -22,7 +25,8 @@ from dataclasses import dataclass, field
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..envs.base import Task
 from ..harness.manifest import HarnessVersion
-from ..runner.runner import Runner
+from ..runner.failures import GraderFailed, count_failures
+from ..runner.runner import Runner, regrade_grader_errors
 from ..store.db import RunStore
 from .budget import Budget, Spend
 
@@ -123,8 +127,9 @@ class Evaluator:
         no budget, nothing charged."""
         out = Measured(version.id, split, [t.id for t in self.tasks[split]], self.trials)
         chunks = self.chunks(split)[:max_batches] if max_batches else self.chunks(split)
+        episodes: list[Trajectory] = []  # every stored episode of the batches measured (grader errors refused)
         for attempt in range(2):
-            out.per_task, out.eval_ids, out.stopped = {}, [], None
+            out.per_task, out.eval_ids, out.stopped, episodes = {}, [], None, []
             for chunk in chunks:
                 if out.stopped is None and stop is not None and out.per_task and (why := stop(out.per_task)):
                     out.stopped = why
@@ -134,6 +139,7 @@ class Evaluator:
                     continue
                 eval_id, trajectories = ran
                 out.eval_ids.append(eval_id)
+                episodes += trajectories
                 self._merge(out, trajectories)
             if out.stopped is not None or out.complete or attempt == 1:
                 break
@@ -146,6 +152,8 @@ class Evaluator:
             out.stopped = f"{len(lost)} task(s) lost by the infrastructure twice: {', '.join(lost[:5])}"
         if out.stopped is None and max_batches and not out.complete:
             out.stopped = f"screened on {len(ran_ids)} of {len(out.expected)} task(s)"
+        if (failures := count_failures(episodes)).grader_errors:
+            raise GraderFailed(split, len(episodes), failures)
         return out
 
     async def _batch(self, version: HarnessVersion, chunk: list[Task], split: str, run: bool,
@@ -153,6 +161,7 @@ class Evaluator:
         """One batch: what is stored, plus (when `run`) the episodes the budget allows. None: nothing stored
         and nothing may run."""
         eval_id = self.runner.eval_id(version, chunk, self.trials, split)
+        regrade_grader_errors(self.store, self.runner.env, eval_id, chunk)  # the grader may have been fixed
         done = self.store.done_keys(eval_id)
         if len(done) >= len(chunk) * self.trials:
             return eval_id, self.store.trajectories(eval_id)
