@@ -133,7 +133,7 @@ async def test_every_arm_runs_on_its_own_config(tmp_path: Path) -> None:
     assert by_arm["gepa"].train_acc is None and by_arm["gepa"].curve and by_arm["ecdysis"].curve
     e, s = by_arm["ecdysis"], by_arm["serial"]
     assert e.speedup_vs_serial == pytest.approx(s.train_wall_s / e.train_wall_s)
-    assert e.executions_ratio_vs_serial == pytest.approx(s.agent_executions / e.agent_executions)
+    assert e.executions_vs_serial == pytest.approx(e.agent_executions / s.agent_executions)
     assert by_arm["direct"].test_gain_vs_fixed is None  # fixed scored 0: no ratio to report
     assert e.test_delta_vs_fixed == pytest.approx(e.test_acc - by_arm["fixed"].test_acc)
     store = RunStore(ws.config.run.run_dir)
@@ -189,7 +189,7 @@ def test_ratios_and_times_are_read_off_the_curves() -> None:
     assert serial.time_to_serial_acc_s == 300 and ecdysis.time_to_serial_acc_s == 60
     assert ecdysis.executions_to_serial_acc == 25 and ecdysis.speedup_to_serial_acc == pytest.approx(5.0)
     assert ecdysis.speedup_to_serial_acc_after_seed == pytest.approx(5.0)  # both seeds evaluated at wall 0
-    assert ecdysis.speedup_vs_serial == pytest.approx(2.0) and ecdysis.executions_ratio_vs_serial == 2.0
+    assert ecdysis.speedup_vs_serial == pytest.approx(2.0) and ecdysis.executions_vs_serial == 0.5
     assert slow.time_to_serial_acc_s is None and slow.speedup_to_serial_acc is None  # never reached 0.5
     assert ecdysis.test_gain_vs_fixed == pytest.approx(2.0) and ecdysis.test_gain_vs_serial == pytest.approx(0.5)
     assert fixed.speedup_vs_serial is None

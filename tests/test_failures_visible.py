@@ -76,7 +76,7 @@ def test_each_grader_failure_is_refused_or_exits_3_naming_it(tmp_path: Path) -> 
 
     (tmp_path / "grade.py").write_text(FIXED)
     out = cli(*args, "--run-dir", "r4", "--set", "env.options.tolerance=x", cwd=tmp_path)
-    assert out.returncode == 2 and "env.options.tolerance must be a number >= 0" in out.stderr and "'x'" in out.stderr
+    assert out.returncode == 2 and "env.options.tolerance should be a number >= 0" in out.stderr and "'x'" in out.stderr
 
     out = cli(*args, "--run-dir", "r5", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -308,7 +308,7 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
     assert records.load(ws.store, result.run_id, SpecRecord, "r1").source.startswith("library: enable_repair")
     assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"
     assert roles.calls  # round 2 asked the roles
-    assert result.stop_reason == "nothing accepted twice in a row"
+    assert result.stop_reason == "no edit accepted in 2 rounds in a row (train.engine.stop_after_rejections = 2)"
 
 
 TOPICS = {"sports": ["The striker scored in the cup final", "The keeper saved a penalty in the final",

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..envs.base import Episode
 from ..harness.api import Action, ActionContext, Reject, Reply, StepState, ToolSpec, Verdict
-from ..harness.manifest import HarnessVersion
+from ..harness.manifest import HarnessVersion, Manifest
 from ..harness.repairs import REPAIRS_FILE, parse_repairs
 from ..harness.skills import example_messages, parse_demos, parse_skills, retrieve
 from ..harness.tool_calls import native_realize, openai_tools, validate
@@ -90,6 +90,16 @@ def build_system_prompt(harness: HarnessVersion, tools: tuple[ToolSpec, ...], ta
     return contract.strip(), tips, [s.id for s in skills]
 
 
+def max_model_calls(manifest: Manifest) -> int:
+    """The most model calls one episode of a harness with this manifest makes; the host refuses any more.
+
+    A layered episode makes one call per turn (a rejected reply uses up its turn: H2's retries are turns), and
+    on the one turn whose reply is a final answer, `generation.samples - 1` more for self-consistency (the
+    vote's answer ends the episode). A free-form loop is given `max_turns` turns of `samples` calls each."""
+    turns, samples = max(manifest.budget.max_turns, 1), manifest.generation.samples
+    return turns * samples if manifest.mode == "freeform" else turns + samples - 1
+
+
 class AgentSession:
     """Model access with accounting; also the `AgentIO` handed to free-form loops."""
 
@@ -119,7 +129,7 @@ class AgentSession:
         self.traj.add("model", self.turn, messages=messages, reply=result["text"], tool_calls=calls,
                       finish_reason=result.get("finish_reason", ""), usage=usage,
                       latency_s=result.get("latency_s", 0.0), cache_hit=bool(result.get("cache_hit")),
-                      retries=int(result.get("retries", 0)))
+                      retries=int(result.get("retries", 0)), **_call_of(result))
         return as_reply({"text": result["text"], "tool_calls": calls})
 
     def step(self, action: Action) -> str:
@@ -139,6 +149,11 @@ class AgentSession:
 
     def note(self, kind: str, **data: Any) -> None:
         self.traj.add(kind, self.turn, **data)
+
+
+def _call_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The id of the host call a reply answered ({"call": id}), when it came over the sandbox channel."""
+    return {"call": result["call"]} if "call" in result else {}
 
 
 def _text_realize(reply: Reply, ctx: ActionContext) -> Action | Reject:
@@ -293,7 +308,7 @@ def _user_turn(user: UserFn | None, episode_messages: list[dict[str, Any]], mess
     if "error" in result:
         raise ModelFailure(f"user simulator: {result['error']}")
     traj.add("user", turn, text=result["text"], stop=bool(result.get("stop")), reason=result.get("reason", ""),
-             seen=digest(conversation))
+             seen=digest(conversation), **_call_of(result))
     if result.get("stop"):
         traj.termination = "max_turns" if result.get("limit") else "user_stop"
         if result["text"]:

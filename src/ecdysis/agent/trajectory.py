@@ -1,4 +1,5 @@
-"""The record of one episode. A plain dataclass: built in the sandbox, stored as JSON by the host.
+"""The record of one episode. Plain dataclasses: the agent loop fills one in the sandbox; the host builds the
+stored record from what the agent reported and what the host itself served and saw (`sandbox.ledger`).
 
 Its events are written and stored as JSON objects; the host reads them as typed records (`events.py`)
 through `typed_events` and `of`.
@@ -15,18 +16,21 @@ from .events import ActionEvent, BaseEvent, ModelEvent, ObservationEvent, Prompt
 
 E = TypeVar("E", bound=BaseEvent)
 
-# How an episode ended. Everything except "answered" is a failure mode worth aggregating.
+# How an episode ended. Everything except "answered" is a failure mode worth aggregating. The sandbox reports
+# only how the agent's side ended (`sandbox.protocol.AGENT_ENDINGS`); timeout, infra_error and budget are the
+# host's verdicts, and a channel the worker broke is a crash.
 TERMINATIONS = (
     "answered",  # the harness realized a final answer (it may still be wrong)
     "max_turns",  # the turn budget ran out
     "rejected",  # H2 rejected too many replies in a row
     "stopped",  # H4 stopped the episode
     "timeout",  # the task's wall-clock limit
-    "crash",  # harness code raised, the worker died or hit a resource limit
+    "crash",  # harness code raised, the worker died or hit a resource limit, or it broke the channel's protocol
     "model_error",  # the model backend failed for good
     "user_stop",  # the simulated user ended the conversation (graded like "answered")
     "done",  # the environment ended the episode after an action (its `done` became true)
     "infra_error",  # the executor lost the episode (a Ray worker or node, or its zygote, died): not a harness failure
+    "budget",  # a model call over the episode's budget (its harness's turns and samples) or the run's was refused
 )
 INFRA_ERROR = "infra_error"
 

@@ -6,6 +6,8 @@ go to stderr, so `--json` output stays parseable.
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -18,9 +20,21 @@ from rich.markup import escape
 
 from ..store import DB_NAME, RunStore, StoreError
 
-# Not a terminal (a pipe, a file): no width limit, so ids and references are never cut.
-console = Console(width=None if sys.stdout.isatty() else 400)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 400)
+PIPED_WIDTH = 120  # a pipe or a file without COLUMNS: wide enough for every table; key columns are never cut
+
+
+def output_width(stream: Any) -> int | None:
+    """The width output is laid out for: COLUMNS when it is set (a terminal or not), the terminal's own width
+    on a terminal (None: rich asks it), else PIPED_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return None if stream.isatty() else PIPED_WIDTH
+
+
+# Piped, a line of text is never broken (grep finds it whole); tables are laid out to the width either way.
+console = Console(width=output_width(sys.stdout), soft_wrap=not sys.stdout.isatty())
+err_console = Console(stderr=True, width=output_width(sys.stderr), soft_wrap=not sys.stderr.isatty())
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 RunDirOpt = Annotated[Path | None, typer.Option(help="Run directory (default: the config's, else runs/default).")]
@@ -105,3 +119,24 @@ def latest_run(store: RunStore, kind: str | None = None) -> str:
     if not runs:
         fail(f"no {kind + ' ' if kind else ''}run in {store.run_dir}")
     return max(runs, key=lambda r: r["created"])["id"]
+
+
+ROLE_NAMES = ("analyst", "critic", "engineer", "moderator", "implementer")
+
+
+def role_flags(roles_model: str | None) -> dict[str, str | None]:
+    """`--roles-model M` as the five role overrides (all None when not given)."""
+    return {f"roles.{r}": roles_model for r in ROLE_NAMES}
+
+
+def with_models(config_text: str, model: str | None, roles_model: str | None) -> str:
+    """The config template's text with `--model` as [agent] model and `--roles-model` as every [roles] entry."""
+    from ..models.local_models import DEFAULT_LOCAL_MODEL
+
+    if model is not None:
+        default = f'model = "local:{DEFAULT_LOCAL_MODEL}"\n'
+        config_text = config_text.replace(default, f"model = {json.dumps(model)}\n", 1)
+    if roles_model is not None:
+        for role in ROLE_NAMES:
+            config_text = config_text.replace(f'\n{role} = ""\n', f"\n{role} = {json.dumps(roles_model)}\n", 1)
+    return config_text

@@ -62,9 +62,9 @@ def exit_training_grader_failed(console: Console, exc: GraderFailed) -> NoReturn
     exit_grader_failed(str(exc))
 
 
-def show_test_failures(console: Console, result: Any, run_dir: Path) -> None:
+def show_test_failures(console: Console, result: Any, run_dir: Path) -> str | None:
     """After `train` (a `TrainResult`): the failures of the seed's and the final harness's test evaluations;
-    exit 3 when the grader failed on one of them."""
+    returns what to exit 3 with (`exit_grader_failed`) when the grader failed on one of them."""
     failed = None
     for name, test in (("seed", result.test_before), ("final", result.test_after)):
         failures = FailureCounts.from_dict((test or {}).get("failures"))
@@ -72,5 +72,4 @@ def show_test_failures(console: Console, result: Any, run_dir: Path) -> None:
                       show=f"ecdysis show {result.run_id} --run-dir {run_dir} --eval test")
         if test and failures.grader_errors and failed is None:
             failed = f"test accuracy ({name}): {grader_failed_text(failures, int(test['episodes']))}"
-    if failed is not None:
-        exit_grader_failed(failed)
+    return failed

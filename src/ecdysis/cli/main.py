@@ -31,7 +31,18 @@ from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
 from ..trainer.methods import METHODS, help_text, trainer_methods
 from . import doctor, failure_views, inspect, views
-from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, fail, notice
+from .common import (
+    ConfigOpt,
+    ExecutorOpt,
+    JsonOpt,
+    RayAddressOpt,
+    console,
+    err_console,
+    fail,
+    notice,
+    role_flags,
+    with_models,
+)
 from .exits import run_guarded
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
@@ -135,6 +146,10 @@ def init(
     tasks_file: Annotated[Path | None, typer.Option("--tasks", help="Your JSONL tasks (env jsonl).")] = None,
     grader: Annotated[str | None, typer.Option(help="Grader (env jsonl): exact | normalized | numeric | choice | "
                                                     "regex | contains | module:function | file.py:function")] = None,
+    model: Annotated[str | None, typer.Option(help="Agent model written into the config (default: the embedded "
+                                                  f"local:{local_models.DEFAULT_LOCAL_MODEL}).")] = None,
+    roles_model: Annotated[str | None, typer.Option(help="One model for every optimizer role (default: the "
+                                                        "agent's).")] = None,
     force: bool = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Environment option: env.options.KEY=VALUE "
                                                                  "(VALUE read as JSON when it parses).")] = None,
@@ -145,8 +160,12 @@ def init(
     it declares (its tools with their schemas, its instructions or policy)."""
     from ..envs import get_environment, plugin_root
     from ..harness.generic_seed import generic_seed_files
+    from ..models.registry import REFERENCE_FORMS, reference_problem
     from ..workspace import seed_harness_dir
 
+    for flag, ref in (("--model", model), ("--roles-model", roles_model)):
+        if ref is not None and (problem := reference_problem(ref)):
+            fail(f"{flag}: {problem}. Known forms:\n{REFERENCE_FORMS}")
     harness_dir = directory / "harness"
     if harness_dir.exists() and not force:
         fail(f"{harness_dir} already exists (use --force to overwrite)")
@@ -208,8 +227,19 @@ def init(
         text = template.replace("{env}", env)
         if env_path:
             text = text.replace(f'name = "{env}"\n', f'name = "{env}"\n{env_path}')
-        config_path.write_text(text)
-    console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
+        config_path.write_text(with_models(text, model, roles_model))
+        console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
+        default = local_models.get_spec(local_models.DEFAULT_LOCAL_MODEL)
+        console.print(f"agent model: {model}" if model else
+                      f"agent model: local:{default.name} (default: an embedded {default.size_mb} MB GGUF run on "
+                      "this CPU; another with --model REF, e.g. openai:gpt-4o-mini)",
+                      highlight=False)
+    else:
+        console.print(f"[green]wrote[/] {harness_dir}; kept {config_path}", highlight=False)
+        if model or roles_model:
+            err_console.print(f"[yellow]warning:[/] {config_path} already exists and was kept: --model/--roles-model "
+                              "were not written (use --force to rewrite it)", highlight=False)
+    console.print(f"next: ecdysis eval -c {config_path}", highlight=False)
 
 
 @app.command("eval")
@@ -299,33 +329,42 @@ def train(
                                                           "`ecdysis serve` store instead of an environment.")] = None,
     out: Annotated[Path | None, typer.Option(help="--from-traces: output folder (default STORE/from-traces/TIME).")
                    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (no live view; the "
+                                                         "report is still written and its path included).")] = False,
 ) -> None:
     """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable.
     Ends with the result, what changed, the harness diff and the path of the HTML report."""
     if from_traces is not None:
-        serve_cli.train_from_traces(from_traces, harness, out)
+        serve_cli.train_from_traces(from_traces, harness, out, as_json=as_json)
         return
     from ..trainer.api import train_async
-    from .runs import AnnouncingWorkspace, finish_train
+    from .runs import AnnouncingWorkspace, finish_train, write_train_report
 
-    roles = {f"roles.{r}": roles_model for r in ("analyst", "critic", "engineer", "moderator", "implementer")}
+    roles = role_flags(roles_model)
     try:
         cfg = build_config(config, sets, **{
             "env.name": env, "agent.harness": harness, "agent.model": model, "train.rounds": rounds,
             "run.run_dir": run_dir, "env.data_dir": data_dir, "user.model": user_model, **roles,
-            "run.executor": executor, "run.ray_address": ray_address,
+            "run.executor": executor, "run.ray_address": ray_address, "run.progress": False if as_json else None,
         })
         ws = AnnouncingWorkspace.open(cfg)
-        result = asyncio.run(train_async(cfg, arm=arm, console=console, ws=ws))
+        result = asyncio.run(train_async(cfg, arm=arm, console=None if as_json else console, ws=ws))
     except GraderFailed as exc:
         failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
         fail(str(exc))
         return
-    views.train_summary(console, result)
-    finish_train(console, ws.store, result.run_id, report=report)
+    if as_json:
+        grader_failed = None
+        path = write_train_report(ws.store, result.run_id) if report else None
+        views.print_json(result.to_dict() | {"run_dir": str(cfg.run.run_dir), "report": path and str(path)})
+    else:
+        views.train_summary(console, result)
+        grader_failed = failure_views.show_test_failures(console, result, cfg.run.run_dir)
+        finish_train(console, ws.store, result.run_id, report=report)  # the report's path is the last line
     ws.close()
-    failure_views.show_test_failures(console, result, cfg.run.run_dir)
+    if grader_failed is not None:
+        failure_views.exit_grader_failed(grader_failed)
 
 
 @app.command()
@@ -336,6 +375,10 @@ def compare(
     arms: Annotated[str, typer.Option(help=f"Comma-separated: {','.join(METHODS)}")] = "fixed,serial,ecdysis",
     seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
     transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
+    model: Annotated[str | None, typer.Option(help="Agent model reference (every arm).")] = None,
+    roles_model: Annotated[str | None, typer.Option(help="One model for every optimizer role (and GEPA's "
+                                                         "reflector).")] = None,
+    user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
     run_dir: Annotated[Path | None, typer.Option(help="Run directory (holds the database).")] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Folder holding gsm8k/ and dbbench/.")] = None,
     executor: ExecutorOpt = None,
@@ -344,7 +387,6 @@ def compare(
     """Run several arms on the same tasks, models and cache; print and save the comparison table."""
     from ..trainer.compare import compare as run_compare
     from ..trainer.compare import write_results
-    from ..trainer.compare_results import summary_table
     from .runs import AnnouncingWorkspace
 
     if config and config_arg and config.resolve() != config_arg.resolve():
@@ -354,7 +396,9 @@ def compare(
         fail("compare needs a config: ecdysis compare -c CONFIG (see benchmarks/*.toml)")
     try:
         cfg = build_config(config, sets, **{"run.run_dir": run_dir, "env.data_dir": data_dir,
-                                            "run.executor": executor, "run.ray_address": ray_address})
+                                            "run.executor": executor, "run.ray_address": ray_address,
+                                            "agent.model": model, "user.model": user_model,
+                                            **role_flags(roles_model)})
         start = time.perf_counter()
         results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
@@ -365,7 +409,7 @@ def compare(
         return
     json_path, csv_path = write_results(results, cfg.run.run_dir)
     views.compare_table(console, results)
-    console.print(summary_table(results))  # mean ± 95% CI per arm over the seeds
+    views.compare_summary(console, results)
     console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path}, {csv_path}, "
                   f"compare_summary.csv/json and curves.csv[/]")
     arm_list = [a.strip() for a in arms.split(",") if a.strip()]
@@ -384,7 +428,7 @@ def compare_summary(
     out: Annotated[Path | None, typer.Option(help="Write the pooled compare.json/csv, summary, curves here.")] = None,
 ) -> None:
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI."""
-    from ..trainer.compare_results import pool_results, summary_table, write_results
+    from ..trainer.compare_results import pool_results, write_results
 
     try:
         pooled = pool_results(results)
@@ -392,7 +436,7 @@ def compare_summary(
         fail(str(exc))
         return
     views.compare_table(console, pooled)
-    console.print(summary_table(pooled))
+    views.compare_summary(console, pooled)
     if out is not None:
         json_path, _ = write_results(pooled, out)
         console.print(f"[dim]written {json_path} and the rest beside it[/]")

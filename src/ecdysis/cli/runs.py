@@ -33,19 +33,40 @@ def change_text(change: dict[str, Any]) -> str:
     return f"{kind} {detail[:60] + ('...' if len(detail) > 60 else '')}".strip()
 
 
+def replaced_by_library(source: str, library_candidate: str | None) -> bool:
+    """The library's fallback, not the round's spec (written by `source`), was built and validated."""
+    return bool(library_candidate) and f"library: {library_candidate}" != source
+
+
+def spec_origin(source: str, spec: str, library_candidate: str | None) -> str:
+    """Who wrote what the round validated. `source` is the spec record's ("roles" or "library: why"), `spec` its
+    changes in a few words, `library_candidate` the library's fallback that was built instead (if any)."""
+    writer = "the roles'" if source == "roles" else "the library's"
+    if replaced_by_library(source, library_candidate):
+        # the spec built nothing that runs, rebuilt a harness this run already rejected, or changed nothing
+        why = f"{writer} spec gave no new candidate that runs ({spec})" if spec else "the roles gave no usable spec"
+        return f"; validated the library's {library_candidate}: {why}"
+    if not spec:
+        return ""
+    if source == "roles":
+        return f"; the roles' spec: {spec}"
+    return f"; the library's spec: {spec} ({source.removeprefix('library: ')})"
+
+
 def what_changed(view: Any) -> list[str]:
-    """One line per round of a `report.data.RunView`: the decision, its reason, the spec's changes."""
+    """One line per round of a `report.data.RunView`: the decision, its reason, who wrote the spec that was
+    validated and its changes."""
+    from .views import round_verdict
+
     lines = []
     for r in view.rounds:
         rec = r.record
-        verdict = "accepted" if rec.accepted else ("stop" if rec.stop and not rec.candidate else "rejected")
         changes = [change_text(c) for c in ((r.spec.spec or {}).get("changes", []) if r.spec else [])]
-        variant = f" [{rec.variant}]" if rec.variant else ""
-        spec = ", ".join(changes)
-        what = f"; spec: {spec}" if spec else ""
-        if rec.library_candidate:  # the roles' spec did not run, rebuilt a rejected harness or was a no-op
-            what = f"; tried the library's {rec.library_candidate}" + (f" (the roles wrote: {spec})" if spec else "")
-        lines.append(f"round {rec.round}: {verdict}{variant} - {rec.stop or rec.reason or ''}{what}")
+        source = r.spec.source if r.spec else "roles"
+        replaced = replaced_by_library(source, rec.library_candidate)
+        variant = f" [{rec.variant}]" if rec.variant and not replaced else ""
+        what = spec_origin(source, ", ".join(changes), rec.library_candidate)
+        lines.append(f"round {rec.round}: {round_verdict(rec)}{variant} - {rec.stop or rec.reason or ''}{what}")
     return lines
 
 
@@ -84,15 +105,19 @@ def finish_train(console: Console, store: RunStore, run_id: str, report: bool = 
             console.print(f"[dim]... {left} more lines: `ecdysis diff {run_id} --run-dir {run_dir}`[/]")
     else:
         console.print("[dim]the final harness is the seed (no edit was accepted)[/]")
-    path = None
-    if report:
-        from ..report.html import write_report
-
-        try:
-            path = write_report(store, run_id, run_dir / f"report-{run_id}.html").resolve()
-        except Exception as exc:  # noqa: BLE001 - the run is trained and stored; only its report is missing
-            notice(f"[yellow]warning:[/] the HTML report was not written ({type(exc).__name__}: {exc}); "
-                   f"try `ecdysis report {run_id} --run-dir {run_dir}`")
-            return None
+    path = write_train_report(store, run_id) if report else None
+    if path is not None:
         console.print(f"[bold]Report[/] {path}", highlight=False)
     return path
+
+
+def write_train_report(store: RunStore, run_id: str) -> Path | None:
+    """RUN_DIR/report-RUN.html (its absolute path), or None with a warning on stderr when it cannot be written."""
+    from ..report.html import write_report
+
+    try:
+        return write_report(store, run_id, store.run_dir / f"report-{run_id}.html").resolve()
+    except Exception as exc:  # noqa: BLE001 - the run is trained and stored; only its report is missing
+        notice(f"[yellow]warning:[/] the HTML report was not written ({type(exc).__name__}: {exc}); "
+               f"try `ecdysis report {run_id} --run-dir {store.run_dir}`")
+        return None

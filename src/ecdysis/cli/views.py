@@ -71,9 +71,8 @@ def train_summary(console: Console, r: Any) -> None:
     table.add_column("metric")
     table.add_column("value")
     for rec in r.rounds:
-        verdict = "accepted" if rec.accepted else "rejected"
         table.add_row(f"round {rec.round}", f"train {rec.train_score:.3f}; {rec.recurring} recurring; "
-                      f"{verdict}: {rec.reason or ''}")
+                      f"{round_verdict(rec)}: {rec.reason or ''}")
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
     if (rule := r.accept_rule) is not None:
@@ -86,7 +85,7 @@ def train_summary(console: Console, r: Any) -> None:
     if r.test_after:
         table.add_row("test accuracy (final)", f"{r.test_after['accuracy']:.3f} on {r.test_after['n_tasks']} tasks")
     table.add_row("training wall time", f"{r.wall_s:.1f}s")
-    table.add_row("agent executions (train)", f"{r.agent_executions} run, {r.cached_executions} cache-served")
+    table.add_row("agent episodes (training)", episodes_text(r.agent_executions, r.cached_executions))
     table.add_row("optimizer calls / tokens", f"{r.optimizer_calls} / {r.optimizer_tokens}")
     table.add_row("agent tokens (all)", str(r.agent_tokens))
     for role, (sent, cached) in sorted(r.prompt_cache.items()):
@@ -94,39 +93,87 @@ def train_summary(console: Console, r: Any) -> None:
     console.print(table)
 
 
+def round_verdict(rec: Any) -> str:
+    """What a round (a `RoundRecord`) decided: accepted, rejected (a candidate was validated and lost), undecided
+    (its evaluation was cut short), stop (it ended training before building a candidate) or no candidate."""
+    if rec.accepted:
+        return "accepted"
+    if rec.attempts():
+        return "rejected" if rec.decision_taken else "undecided"
+    return "stop" if rec.stop else "no candidate"
+
+
+def episodes_text(run: int, cached: int) -> str:
+    """'12 run by the model + 6 served from the response cache (not charged) = 18', or '12 run by the model'."""
+    if not cached:
+        return f"{run} run by the model"
+    return f"{run} run by the model + {cached} served from the response cache (not charged) = {run + cached}"
+
+
 def _fmt(value: Any, spec: str = ".3f") -> str:
     return "-" if value is None else format(value, spec)
 
 
+LABEL_MIN = 28  # the measure column may wrap down to this; value columns never wrap
+
+
 def compare_table(console: Console, results: list[Any]) -> None:
-    """One column per arm and seed, one row per measure (fits a terminal with six arms)."""
-    table = Table(title="Arms compared (same tasks, models, cache)")
-    table.add_column("measure")
-    for r in results:
-        table.add_column(r.arm + (f" k={r.k}" if r.arm == "best-of-k" else "") + f" s{r.seed}", justify="right")
-    rows: list[tuple[str, Any]] = [
-        ("train wall s", lambda r: f"{r.train_wall_s:.0f}"), ("agent executions", lambda r: str(r.agent_executions)),
-        ("optimizer calls", lambda r: str(r.optimizer_calls)), ("optimizer tokens", lambda r: str(r.optimizer_tokens)),
-        ("agent tokens", lambda r: str(r.agent_tokens)),
-        ("edits accepted/rejected", lambda r: f"{r.accepted_edits}/{r.rejected_edits}"),
-        ("train acc", lambda r: _fmt(r.train_acc)), ("val acc", lambda r: _fmt(r.val_acc)),
-        ("test acc", lambda r: _fmt(r.test_acc)),
-        ("pass@k", lambda r: _fmt(r.pass_at_k)), ("pass^k", lambda r: _fmt(r.pass_hat_k)),
-        ("gap (train - test)", lambda r: _fmt(r.gap)),
-        ("speed-up vs serial", lambda r: _fmt(r.speedup_vs_serial, ".2f")),
-        ("executions ratio vs serial", lambda r: _fmt(r.executions_ratio_vs_serial, ".2f")),
-        ("s to serial's final acc", lambda r: _fmt(r.time_to_serial_acc_s, ".0f")),
-        ("speed-up to serial's acc", lambda r: _fmt(r.speedup_to_serial_acc, ".2f")),
-        ("  the same, after the seed eval", lambda r: _fmt(r.speedup_to_serial_acc_after_seed, ".2f")),
-        ("test gain vs fixed", lambda r: _fmt(r.test_gain_vs_fixed, "+.1%")),
-        ("test acc - fixed", lambda r: _fmt(r.test_delta_vs_fixed, "+.3f")),
-        ("test gain vs serial", lambda r: _fmt(r.test_gain_vs_serial, "+.1%")),
-        ("transfer acc", lambda r: _fmt(r.transfer_acc)),
-        ("prompt tokens from prefix cache", lambda r: _fmt(r.prefix_cache_rate, ".0%")),
-    ]
-    for name, cell in rows:
-        table.add_row(name, *(cell(r) for r in results))
-    console.print(table)
+    """One column per arm and seed, one row per measure, in sections that keep units apart (accuracies, training
+    costs, ratios); rows no arm has a value for are left out (`trainer.compare_table`). Columns that do not fit
+    the console's width go to further tables (one per seed when a seed's columns fit), never squeezed."""
+    from ..trainer.compare_table import DASH, column_label, compare_sections
+
+    sections = compare_sections(results)
+    widths = [max(len(column_label(r)), *(len(cells[i]) for s in sections for _, cells in s.rows)) + 3
+              for i, r in enumerate(results)]
+    chunks = column_chunks(results, widths, console.width - LABEL_MIN - 4)
+    for n, chunk in enumerate(chunks):
+        part = f" ({n + 1} of {len(chunks)})" if len(chunks) > 1 else ""
+        table = Table(title=f"Arms compared (same tasks, models, cache){part}")
+        table.add_column("measure", min_width=LABEL_MIN)
+        for i in chunk:
+            table.add_column(column_label(results[i]), justify="right", no_wrap=True)
+        first = True
+        for section in sections:
+            rows = [(label, cells) for label, cells in section.rows if any(cells[i] != DASH for i in chunk)]
+            if not rows:  # e.g. a seed where fixed scored 0: no relative gain over it
+                continue
+            if not first:
+                table.add_section()
+            first = False
+            table.add_row(f"[bold]{section.title}[/]", *([""] * len(chunk)))
+            for label, cells in rows:
+                table.add_row(label, *(cells[i] for i in chunk))
+        console.print(table)
+
+
+def column_chunks(results: list[Any], widths: list[int], room: int) -> list[list[int]]:
+    """Column indexes split into tables whose columns fit in `room`: all in one when they fit, else one table
+    per seed when each seed's columns fit, else as many columns per table as fit (at least one)."""
+    if sum(widths) <= room:
+        return [list(range(len(results)))]
+    seeds = list(dict.fromkeys(r.seed for r in results))
+    by_seed = [[i for i, r in enumerate(results) if r.seed == seed] for seed in seeds]
+    if len(by_seed) > 1 and all(sum(widths[i] for i in group) <= room for group in by_seed):
+        return by_seed
+    chunks: list[list[int]] = [[]]
+    for i, width in enumerate(widths):
+        if chunks[-1] and sum(widths[j] for j in chunks[-1]) + width > room:
+            chunks.append([])
+        chunks[-1].append(i)
+    return chunks
+
+
+def compare_summary(console: Console, results: list[Any]) -> None:
+    """Mean ± 95% CI per arm over its seeds, or a line saying why there is none (one seed: no interval)."""
+    from ..trainer.compare_results import summary_tables
+
+    tables = summary_tables(results)
+    if not tables:
+        console.print("[dim]one seed per arm: no confidence interval (use --seeds 2 or more, or pool other seeds' "
+                      "compares with `ecdysis compare-summary`)[/]")
+    for table in tables:
+        console.print(table)
 
 
 def runs_table(console: Console, store: RunStore) -> None:

@@ -1,8 +1,9 @@
 """Persistent response cache and the metered client every caller goes through.
 
 The cache is an SQLite file keyed by `cache_key` (model identity, messages, parameters, sample
-index). Hits cost nothing and are counted. `MeteredModel` adds caching and accounting to any
-`ChatModel`; it is what the runner and the optimizer roles hold.
+index), within a scope (a compare arm's training) and a partition (an evaluation's split). Hits cost
+nothing and are counted. `MeteredModel` adds caching and accounting to any `ChatModel`; it is what the
+runner and the optimizer roles hold.
 """
 
 from __future__ import annotations
@@ -113,8 +114,16 @@ class MeteredModel:
         if release is not None:
             release(session)
 
-    async def chat(self, request: ChatRequest) -> ChatResponse:
-        key = cache_key(f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity, request)
+    def cache_identity(self, partition: str = "") -> str:
+        """What a request's cache key is taken under: the model, the scope and the partition, if any."""
+        identity = f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity
+        return f"{identity}\0partition={partition}" if partition else identity
+
+    async def chat(self, request: ChatRequest, partition: str = "") -> ChatResponse:
+        """The response, from the cache where an identical request of the same scope and `partition` was
+        answered before. Evaluations pass their split as the partition: no entry written while one split is
+        evaluated is ever read while another is, so cache hits (and their timing) carry nothing between splits."""
+        key = cache_key(self.cache_identity(partition), request)
         response = self.cache.get(key) if self.cache else None
         if response is not None:
             response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,

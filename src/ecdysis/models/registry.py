@@ -89,3 +89,13 @@ def build_model(ref: str, settings: ModelSettings | None = None, instance: str =
     if kind == "scripted":
         return ScriptedModel([rest], name=rest[:40])
     raise ModelConfigError(f"unknown model reference {ref!r}. Known forms:\n{REFERENCE_FORMS}")
+
+
+def reference_problem(ref: str) -> str | None:
+    """Why `ref` is not a model reference of a known form (None when it is one); nothing is built or loaded."""
+    kind, sep, rest = ref.partition(":")
+    if ref.startswith(("http://", "https://")):
+        return None if ref.partition("::")[2] else f"model reference {ref!r} lacks '::MODEL'"
+    if kind in ("local", "openai", "ollama", "scripted") and sep and rest:
+        return None
+    return f"unknown model reference {ref!r}"

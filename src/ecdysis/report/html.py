@@ -9,6 +9,8 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from ..store.db import RunStore
+from ..trainer.compare_results import arm_result
+from ..trainer.compare_table import column_label, compare_sections
 from .data import (
     VersionNode,
     compare_arms,
@@ -20,10 +22,6 @@ from .data import (
     trajectory_anchor,
 )
 from .plots import all_plots
-
-COMPARE_COLUMNS = ("arm", "seed", "train_wall_s", "agent_executions", "optimizer_tokens", "accepted_edits",
-                   "rejected_edits", "train_acc", "val_acc", "test_acc", "speedup_vs_serial", "time_to_final_s",
-                   "speedup_to_serial_acc", "speedup_to_serial_acc_after_seed", "test_gain_vs_fixed")
 
 
 def diff_lines(diff: str) -> list[tuple[str, str]]:
@@ -74,10 +72,11 @@ def render_report(store: RunStore, run_id: str) -> str:
             .get("name")]
     env = Environment(loader=PackageLoader("ecdysis.report", "templates"), autoescape=True)  # model text is data
     template = env.get_template("report.html.j2")
+    compared = [arm_result(row) for row in compare_arms(store)]
     return template.render(
         run=run, card=summary_card(run), plots=all_plots(run, arms, compare_curves(store)),
-        compare=compare_arms(store),
-        compare_cols=COMPARE_COLUMNS, lineage_html=lineage_html(run.lineage), fmt=fmt, diff_lines=diff_lines,
+        compare=compare_sections(compared), compare_labels=[column_label(r) for r in compared],
+        lineage_html=lineage_html(run.lineage), fmt=fmt, diff_lines=diff_lines,
         anchor=trajectory_anchor, store_path=str(store.path))
 
 

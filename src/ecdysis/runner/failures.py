@@ -49,7 +49,8 @@ _LABELS = {FailureKind.GRADER_ERROR: "grader errors", FailureKind.HARNESS_CRASH:
            FailureKind.MODEL_ERROR: "model errors", FailureKind.INFRA_LOSS: "infrastructure losses"}
 _BY_TERMINATION = {"crash": FailureKind.HARNESS_CRASH, "timeout": FailureKind.TIMEOUT,
                    "model_error": FailureKind.MODEL_ERROR, INFRA_ERROR: FailureKind.INFRA_LOSS,
-                   "max_turns": FailureKind.BUDGET_STOP, "rejected": FailureKind.BUDGET_STOP}
+                   "max_turns": FailureKind.BUDGET_STOP, "rejected": FailureKind.BUDGET_STOP,
+                   "budget": FailureKind.BUDGET_STOP}
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,8 @@ def _budget_message(traj: Trajectory) -> str:
         last = rejections[-1] if rejections else {}
         return (f"H2 rejected {len(rejections)} replies (budget.max_rejections ran out); last: rule "
                 f"{last.get('rule', '?')}: {str(last.get('feedback', ''))[:200]}")
+    if traj.termination == "budget":  # the host refused a call over the episode's or the run's budget
+        return (traj.traceback or "the host refused a model call over the budget").strip().splitlines()[0][:300]
     return f"the turn budget ran out (budget.max_turns) after {traj.model_calls} model call(s)"
 
 

@@ -1,9 +1,10 @@
-"""Progress bar for an evaluation: tasks done, accuracy so far, tokens, ETA (rich)."""
+"""Progress bar for an evaluation on stderr: tasks done, accuracy so far, tokens, ETA (rich)."""
 
 from __future__ import annotations
 
 from types import TracebackType
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..agent.trajectory import Trajectory
@@ -24,6 +25,7 @@ class EvalProgress:
             TimeRemainingColumn(),
             disable=not enabled,
             transient=False,
+            console=Console(stderr=True),  # status, not a result: stdout stays the command's output
         )
         self._task = self._progress.add_task(label, total=total, completed=done, acc="-", tokens=0)
 

@@ -164,11 +164,17 @@ class Runner:
             h.update(task.id.encode() + b"\0")
         return h.hexdigest()[:16]
 
-    async def _chat(self, eval_id: str, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    async def _chat(self, eval_id: str, split: str, messages: list[dict[str, Any]],
+                    params: dict[str, Any]) -> dict[str, Any]:
+        """Serve one model call of an episode of an evaluation on `split` (its cache partition). Once the run's
+        `max_agent_tokens` are spent, every call is refused, whoever in the sandbox makes it (the episode ends
+        `budget`)."""
+        if self._over_budget():
+            return {"refused": f"run.max_agent_tokens ({self.max_agent_tokens}) spent: the model call was refused"}
         try:
             request = ChatRequest(messages=[Message(**m) for m in messages], params=GenerationParams(**params))
-            response = await self.model.chat(request)
-        except (ModelError, ValueError) as exc:
+            response = await self.model.chat(request, partition=split)
+        except (ModelError, ValueError, TypeError) as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         self.store.record_call(self.run_id, eval_id, self.model.role, self.model.identity,
                                response.usage.prompt_tokens, response.usage.completion_tokens,
@@ -180,11 +186,12 @@ class Runner:
                 "finish_reason": response.finish_reason, "usage": response.usage.model_dump(),
                 "latency_s": response.latency_s, "cache_hit": response.cache_hit, "retries": response.retries}
 
-    def _user(self, eval_id: str, task: Task, session: str) -> Any:
-        """The host-side handler of a conversation task's user turns, or None."""
+    def _user(self, eval_id: str, task: Task, session: str, split: str = "") -> Any:
+        """The host-side handler of a conversation task's user turns (cached in `split`'s partition), or None."""
         if task.user_scenario is None or self.user_model is None:
             return None
-        sim = UserSimulator(self.user_model, task.user_scenario, session=session, **self.user_settings)
+        sim = UserSimulator(self.user_model, task.user_scenario, session=session, partition=split,
+                            **self.user_settings)
         model = self.user_model
 
         async def handle(conversation: list[dict[str, str]]) -> dict[str, Any]:
@@ -237,8 +244,8 @@ class Runner:
                 episode = self.episode(harness, task, trial)
                 try:
                     traj = await self.executor.run(
-                        episode, lambda m, p: self._chat(eval_id, m, {**p, "session": session}),
-                        self._user(eval_id, task, session))
+                        episode, lambda m, p: self._chat(eval_id, split, m, {**p, "session": session}),
+                        self._user(eval_id, task, session, split))
                 finally:  # per-episode backend state (an embedded model's context) is free for the next one
                     self.model.release(session)
                     if self.user_model is not None:

@@ -33,6 +33,7 @@ class UserSimulator:
     temperature: float = 0.0
     max_tokens: int = 200
     session: str = ""  # the conversation, so a local backend keeps the user's KV cache per episode
+    partition: str = ""  # the evaluation's cache partition (its split)
     turns: int = 0
 
     def request(self, conversation: list[dict[str, str]]) -> ChatRequest:
@@ -51,7 +52,7 @@ class UserSimulator:
             return {"text": "", "stop": True, "limit": True, "reason": f"user turn limit ({self.max_turns}) reached"}
         self.turns += 1
         try:
-            response = await self.model.chat(self.request(conversation))
+            response = await self.model.chat(self.request(conversation), partition=self.partition)
         except (ModelError, ValueError) as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
         text = response.text.strip()

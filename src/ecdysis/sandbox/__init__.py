@@ -15,7 +15,11 @@ Threat model. Harness code is written by a model and treated as hostile. Inside 
 - cannot exhaust memory, CPU time, disk or processes (rlimits, tmpfs sizes, a pids cgroup or
   RLIMIT_NPROC) nor outlive its timeout (`--die-with-parent`; its PID namespace dies with it);
 - reaches models only through the host, which holds clients, keys, cache and accounting. Grading runs in
-  the host, so gold answers never enter the sandbox.
+  the host, so gold answers never enter the sandbox;
+- talks to the host over one typed channel (`protocol`, read through `framing`) that the host believes only
+  about what the agent did: the host builds every other field of the record (termination, score, isolation,
+  counts) itself, ends the episode as `crash` on any protocol violation and as `budget` on a model call over
+  the harness's or the run's budget, and tells the sandbox nothing about its cache (partitioned by split).
 
 An episode forked from a zygote also gets namespaces of its own (`nested`): it cannot see another
 episode's files, processes or sockets, nor the zygote. A Python audit hook (sockets, subprocesses,
@@ -25,8 +29,10 @@ external implementer refuses to run unconfined unless `train.implementer_unconfi
 covered: kernel exploits (use a VM for untrusted optimizers).
 
 Modules: `confine` (bubblewrap argv, pids cgroups), `view` (what of a plugin the sandbox sees),
-`workers` and `forkserver` (host side: worker processes, the zygote per harness version), `host` (one
-episode's channel: model calls, timeout, failures), and on the sandbox side `worker`, `zygote`, `nested`.
+`workers` and `forkserver` (host side: worker processes, the zygote per harness version), `protocol` and
+`framing` (the channel's messages and how they are read), `host` (one episode's channel: model calls,
+budgets, timeout, failures), `ledger` (the calls served and the record built from them), and on the sandbox
+side `worker`, `zygote`, `nested`.
 Names are imported on first use: the sandbox worker imports this package on every episode.
 """
 

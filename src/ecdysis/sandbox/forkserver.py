@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .confine import PidsCgroup, confine_argv, pids_cgroup
+from .framing import MAX_LINE
 from .view import SandboxView
 
-STREAM_LIMIT = 64 * 1024 * 1024  # a trajectory is one protocol line
+STREAM_LIMIT = MAX_LINE  # a stream's buffer: a longer protocol line is a ProtocolError, not a host's memory
 READY_TIMEOUT_S = 120.0
 FORK_TIMEOUT_S = 30.0
 

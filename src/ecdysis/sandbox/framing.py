@@ -9,11 +9,13 @@ caller turns into a recorded failure of that episode or request, never a crash o
 
 from __future__ import annotations
 
-import asyncio
 import json
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
+
+if TYPE_CHECKING:
+    import asyncio
 
 MAX_LINE = 16 * 1024 * 1024  # bytes in one protocol line (a trajectory's events included)
 M = TypeVar("M")
@@ -40,8 +42,10 @@ def decode(line: bytes | str, schema: type[M] | TypeAdapter[M]) -> M:
         raise ProtocolError(f"not a JSON line: {exc}") from None
     if not isinstance(data, dict):
         raise ProtocolError(f"a message must be a JSON object, got {type(data).__name__}")
-    adapter = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
     try:
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            return schema.model_validate(data)  # type: ignore[return-value]
+        adapter = schema if isinstance(schema, TypeAdapter) else TypeAdapter(schema)
         return adapter.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0] if exc.errors() else {}
@@ -53,6 +57,8 @@ async def read_message(reader: asyncio.StreamReader, schema: type[M] | TypeAdapt
                        limit: int = MAX_LINE) -> M | None:
     """The next message, or None at end of stream. An oversize line is a ProtocolError; the stream is then
     unusable (the caller ends the worker), since the rest of that line is still unread."""
+    import asyncio  # here, not at the top: a sandbox worker only decodes, and importing asyncio delays its start
+
     try:
         line = await reader.readuntil(b"\n")
     except asyncio.IncompleteReadError as exc:

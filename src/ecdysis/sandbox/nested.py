@@ -4,9 +4,10 @@ The zygote runs under the worker's bubblewrap confinement; each episode it forks
 episode. `enter_namespaces` (in the forked child) creates a user namespace, nested in bubblewrap's, that
 owns fresh mount, PID, network, IPC and UTS namespaces; the next child is PID 1 of its own PID namespace
 and calls `seal_episode`: fresh private tmpfs mounts for every writable place (/sandbox, /tmp, /dev/shm),
-a /proc holding only /proc/self, then every capability dropped and no_new_privs set. What an episode
-writes, listens on or runs is invisible to every other episode; mounts inherited from the parent
-namespace are locked by the kernel, so the covered ones cannot be uncovered.
+/dev itself read-only (bubblewrap's /dev is the zygote's, shared by its episodes: nothing written there may
+reach the next episode), a /proc holding only /proc/self, then every capability dropped and no_new_privs
+set. What an episode writes, listens on or runs is invisible to every other episode; mounts inherited from
+the parent namespace are locked by the kernel, so the covered ones cannot be uncovered.
 
 A read-only bind below a writable place (the project, its venv or a plugin in a folder under /tmp) is
 bound again on top of the fresh tmpfs, read-only, so the episode sees exactly what the zygote saw there.
@@ -29,7 +30,8 @@ CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 _CAP_VERSION_3 = 0x20080522
-WRITABLE = ("/sandbox", "/tmp", "/dev/shm")
+WRITABLE = ("/sandbox", "/tmp", "/dev/shm")  # each episode gets a fresh tmpfs here
+SHARED_READ_ONLY = ("/dev",)  # bubblewrap's writable /dev of the zygote: read-only for its episodes (devices work)
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 _KEPT_FLAGS = ((os.ST_NOSUID, MS_NOSUID), (os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC),
                (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME), (os.ST_RELATIME, MS_RELATIME))
@@ -77,6 +79,9 @@ def seal_episode(workdir: str = "/sandbox") -> None:
             kept = _binds_below(path)
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={TMPFS_BYTES},mode=0777")
             _bind_again(kept)
+    for path in SHARED_READ_ONLY:  # the zygote's own tmpfs: what one episode wrote there, the next would read
+        if path in _mount_points():
+            _remount_read_only(path)
     staging = "/tmp/.proc-self"
     os.mkdir(staging)
     _mount(f"/proc/{own}", staging, None, MS_BIND | MS_REC)
@@ -114,13 +119,19 @@ def _bind_again(kept: list[tuple[str, int]]) -> None:
             if not is_dir:
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o444))
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            if not os.statvfs(path).f_flag & os.ST_RDONLY:
-                kept_flags = sum(flag for st, flag in _KEPT_FLAGS if os.statvfs(path).f_flag & st)
-                _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept_flags)
-            if not os.statvfs(path).f_flag & os.ST_RDONLY:
-                raise OSError(f"{path} is writable after binding it again")
+            _remount_read_only(path)
         finally:
             os.close(fd)
+
+
+def _remount_read_only(path: str) -> None:
+    """Make the mount at `path` read-only in this mount namespace, keeping its other (locked) flags; raise
+    if it stays writable."""
+    if not os.statvfs(path).f_flag & os.ST_RDONLY:
+        kept_flags = sum(flag for st, flag in _KEPT_FLAGS if os.statvfs(path).f_flag & st)
+        _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept_flags)
+    if not os.statvfs(path).f_flag & os.ST_RDONLY:
+        raise OSError(f"{path} is writable after remounting it read-only")
 
 
 def _drop_capabilities() -> None:

@@ -7,7 +7,7 @@ episodes need), and never runs harness code itself. The first message it sends i
 `{"op": "ready", "pid", "nested"}`, where `nested` says whether per-episode namespaces work here (if not,
 the host starts a fresh worker per episode). Per request (`fork` plus two descriptors: the episode's
 channel and its stderr) it forks a child that enters fresh namespaces (`nested`), forks the episode as
-PID 1 of its PID namespace and reports the episode's exit status on the channel (`{"op": "exit"}`); the
+PID 1 of its PID namespace and reports the episode's exit status on the channel (`protocol.ExitNote`); the
 episode itself is the ordinary worker (`worker.main`) on the channel. The reply to each request is the
 child's pid in the zygote's namespace, or an error if it could not fork.
 """
@@ -26,10 +26,12 @@ from collections.abc import Callable
 from importlib import import_module
 
 from . import nested
+from .framing import encode
+from .protocol import ExitNote, build_schemas
 from .worker import yield_cpu
 
 PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ecdysis.harness.manifest",
-           "ecdysis.sandbox.worker")
+           "ecdysis.sandbox.protocol", "ecdysis.sandbox.worker")
 
 
 def _in_fresh_namespaces(body: Callable[[], int]) -> int:
@@ -67,7 +69,7 @@ def _intermediate(channel: int, stderr: int) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
         status = _in_fresh_namespaces(lambda: _episode(channel, stderr))
-        os.write(channel, (json.dumps({"op": "exit", "status": status}) + "\n").encode())
+        os.write(channel, encode(ExitNote(status=status)))
     except BaseException:  # noqa: BLE001
         os.write(stderr, f"episode setup failed in the zygote's child:\n{traceback.format_exc()}".encode())
     os._exit(0)
@@ -96,6 +98,7 @@ def main() -> int:
     os.close(null)
     for name in PRELOAD:
         import_module(name)
+    build_schemas()  # once here, not in every episode
     if len(sys.argv) > 1:  # the environment's module, found on its plugin paths as the worker finds it
         sys.path.extend(sys.argv[2:])
         with contextlib.suppress(Exception):  # an environment that does not import is the episode's to report

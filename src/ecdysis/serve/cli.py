@@ -57,8 +57,9 @@ def serve(
     run(proxy, log_level)
 
 
-def train_from_traces(store: Path, harness: Path | None, out: Path | None) -> None:
-    """`ecdysis train --from-traces STORE`: aggregate scored served conversations, propose and verify an edit."""
+def train_from_traces(store: Path, harness: Path | None, out: Path | None, as_json: bool = False) -> None:
+    """`ecdysis train --from-traces STORE`: aggregate scored served conversations, propose and verify an edit
+    (`as_json`: the `TracesResult` as JSON on stdout)."""
     from ..store.db import RunDirBusy
     from ..trainer.from_traces import run_from_traces
 
@@ -66,6 +67,9 @@ def train_from_traces(store: Path, harness: Path | None, out: Path | None) -> No
         result = run_from_traces(store, harness, out)
     except (HarnessError, ValueError, KeyError, RunDirBusy) as exc:
         fail(str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc))
+        return
+    if as_json:
+        print(result.model_dump_json(indent=1))
         return
     console.print(f"[bold]from traces[/] {result.store}: {result.conversations} scored conversations "
                   f"({result.failing} failing) served by harness {result.harness_id}"
@@ -83,6 +87,8 @@ def train_from_traces(store: Path, harness: Path | None, out: Path | None) -> No
         console.print(f"candidate harness {result.candidate_id} written to {result.out_dir}/harness "
                       f"(spec in {result.out_dir}/SPEC.json); serve it with "
                       f"`ecdysis serve --harness {result.out_dir}/harness --upstream ...`")
+    else:
+        console.print(f"[yellow]no candidate harness written[/]: {result.no_candidate}", highlight=False)
     console.print(f"[dim]report: {result.out_dir}/traces_report.json[/]")
 
 

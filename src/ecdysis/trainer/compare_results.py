@@ -5,8 +5,9 @@ Times from curves (`records.CurvePoint`, wall time and agent executions are cumu
 *time to the final harness* is the wall time of the first point whose harness is the arm's final one;
 *time to serial's accuracy* is the first point whose score (val; train where the run had no val split)
 reaches the final score of the serial arm of the same seed (none when serial ended no higher than its seed).
-Ratios are serial's number over the arm's; the *after the seed eval* ratio takes each curve's step 0 (the
-seed's evaluation, the same work for every arm) off both times, leaving what the optimizers themselves spent.
+Speed-ups are serial's time over the arm's (> 1: faster than serial); `executions_vs_serial` is the arm's agent
+executions over serial's (> 1: more episodes than serial). The *after the seed eval* speed-up takes each curve's
+step 0 (the seed's evaluation, the same work for every arm) off both times, leaving what the optimizers spent.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class ArmResult:
     stop_reason: str = ""
     transfer_acc: float | None = None
     speedup_vs_serial: float | None = None  # serial's training wall time / this arm's
-    executions_ratio_vs_serial: float | None = None
+    executions_vs_serial: float | None = None  # this arm's agent executions / serial's (> 1: more than serial)
     time_to_final_s: float | None = None
     time_to_serial_acc_s: float | None = None  # None: never reached serial's final score
     executions_to_serial_acc: int | None = None
@@ -141,7 +142,7 @@ def first_reaching(curve: list[CurvePoint], target: float) -> CurvePoint | None:
     return next((p for p in curve if (s := score(p)) is not None and s >= target - 1e-9), None)
 
 
-DERIVED = ("speedup_vs_serial", "executions_ratio_vs_serial", "time_to_final_s", "time_to_serial_acc_s",
+DERIVED = ("speedup_vs_serial", "executions_vs_serial", "time_to_final_s", "time_to_serial_acc_s",
            "executions_to_serial_acc", "speedup_to_serial_acc", "speedup_to_serial_acc_after_seed",
            "test_gain_vs_fixed", "test_delta_vs_fixed", "test_gain_vs_serial")
 
@@ -181,7 +182,7 @@ def add_ratios(results: list[ArmResult]) -> None:
                                                             reached.wall_s - r.curve[0].wall_s)
         if serial and r.train_wall_s > 0 and r.arm in TRAINED:
             r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
-            r.executions_ratio_vs_serial = serial.agent_executions / max(r.agent_executions, 1)
+            r.executions_vs_serial = _ratio(r.agent_executions, serial.agent_executions)
         if fixed:
             r.test_delta_vs_fixed = r.test_acc - fixed.test_acc
         if fixed and fixed.test_acc > 0:
@@ -190,22 +191,28 @@ def add_ratios(results: list[ArmResult]) -> None:
             r.test_gain_vs_serial = r.test_acc / serial.test_acc - 1
 
 
-SUMMARY = (("test_acc", "test acc"), ("train_wall_s", "train wall s"), ("agent_executions", "agent executions"),
-           ("optimizer_tokens", "optimizer tokens"), ("speedup_vs_serial", "speed-up vs serial"),
-           ("time_to_final_s", "s to final harness"), ("time_to_serial_acc_s", "s to serial's final acc"),
-           ("speedup_to_serial_acc", "speed-up to serial's acc"),
-           ("speedup_to_serial_acc_after_seed", "the same, after the seed eval"))
+ABSOLUTE = (("test_acc", "test acc"), ("train_wall_s", "train s"), ("agent_executions", "episodes"),
+            ("optimizer_tokens", "optimizer tokens"), ("time_to_final_s", "s to final"),
+            ("time_to_serial_acc_s", "s to serial's acc"))
+RATIOS = (("speedup_vs_serial", "speed-up vs serial (x)"), ("speedup_to_serial_acc", "speed-up to serial's acc (x)"),
+          ("speedup_to_serial_acc_after_seed", "the same, after the seed eval (x)"))  # the per-seed table's labels
+SUMMARY = ABSOLUTE + RATIOS
+TRAINING_ONLY = ("train_wall_s", "optimizer_tokens")  # 0 for an arm that does not train
 
 
 def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
     """Per arm (in run order): each SUMMARY measure's mean, CI half-width and n over its seeds (None values,
-    e.g. an arm that never reached serial's accuracy, are left out of n)."""
+    e.g. an arm that never reached serial's accuracy, are left out of n; so are the training costs of an arm
+    that does not train, and an arm's ratios against itself)."""
     out = []
     for arm in dict.fromkeys(r.arm for r in results):
         rows = [r for r in results if r.arm == arm]
         entry: dict[str, object] = {"arm": arm, "seeds": len(rows), "confidence": CONFIDENCE}
         for key, _ in SUMMARY:
-            ci = mean_ci([float(v) for r in rows if (v := getattr(r, key)) is not None])
+            meaningless = (key in TRAINING_ONLY and arm not in TRAINED) or (
+                key == "agent_executions" and arm not in (*TRAINED, "best-of-k")) or (
+                arm == "serial" and key.startswith("speedup"))
+            ci = None if meaningless else mean_ci([float(v) for r in rows if (v := getattr(r, key)) is not None])
             entry[key] = None if ci is None else ci.mean
             entry[f"{key}_ci"] = None if ci is None else ci.half_width
             entry[f"{key}_n"] = 0 if ci is None else ci.n
@@ -213,21 +220,41 @@ def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
     return out
 
 
-def summary_table(results: list[ArmResult]) -> Table:
-    """Mean ± 95% CI per arm over seeds (the terminal table printed after the per-seed one)."""
-    seeds = max((len({r.seed for r in results if r.arm == a}) for a in {r.arm for r in results}), default=0)
-    table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seed(s) (Student t)")
-    table.add_column("arm")
-    for _, name in SUMMARY:
-        table.add_column(name, justify="right")
-    for entry in summarize(results):
-        cells = []
-        for key, _ in SUMMARY:
-            m, h, n = entry[key], entry[f"{key}_ci"], entry[f"{key}_n"]
-            cell = "–" if m is None else str(Interval(float(m), None if h is None else float(h), int(n)))
-            cells.append(cell + (f" (n={n})" if m is not None and n != entry["seeds"] else ""))
-        table.add_row(str(entry["arm"]), *cells)
-    return table
+def seeds_of(results: list[ArmResult]) -> int:
+    """The most seeds any arm has."""
+    return max((len({r.seed for r in results if r.arm == a}) for a in {r.arm for r in results}), default=0)
+
+
+def summary_tables(results: list[ArmResult]) -> list[Table]:
+    """Mean ± 95% CI per arm over its seeds (the terminal tables printed after the per-seed one): absolute measures,
+    then the ratios; none when no arm has two seeds (an interval needs two values; the per-seed table already
+    shows each one). Columns no arm has a value for are left out."""
+    seeds = seeds_of(results)
+    if seeds < 2:
+        return []
+    entries = summarize(results)
+    out = []
+    for part, measures in (("", ABSOLUTE), (", ratios", RATIOS)):
+        keys = [(key, name) for key, name in measures if any(e[key] is not None for e in entries)]
+        if not keys:
+            continue
+        table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seeds{part} (Student t; n = seeds with a value)",
+                      caption="train s: training wall s; episodes: agent episodes run; s to final: s to the final "
+                              "harness" if not part else None)
+        table.add_column("arm", no_wrap=True, min_width=max(len(e["arm"]) for e in entries))  # type: ignore[arg-type]
+        for _, name in keys:
+            table.add_column(name, justify="right", no_wrap=True)
+        for entry in entries:
+            if all(entry[key] is None for key, _ in keys):
+                continue  # e.g. serial or fixed in the ratios: nothing to compare with itself or to train
+            cells = []
+            for key, _ in keys:
+                m, h, n = entry[key], entry[f"{key}_ci"], entry[f"{key}_n"]
+                cell = "–" if m is None else str(Interval(float(m), None if h is None else float(h), int(n)))
+                cells.append(cell + (f" (n={n})" if m is not None and n != entry["seeds"] else ""))
+            table.add_row(str(entry["arm"]), *cells)
+        out.append(table)
+    return out
 
 
 # ---- files ------------------------------------------------------------------------------------------------
@@ -255,7 +282,7 @@ def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path
     return json_path, csv_path
 
 
-def _arm_result(row: dict[str, object]) -> ArmResult:
+def arm_result(row: dict[str, object]) -> ArmResult:
     names = {f.name for f in fields(ArmResult)}
     return ArmResult(**{k: v for k, v in row.items() if k in names})  # type: ignore[arg-type]
 
@@ -270,7 +297,7 @@ def stored_results(run_dir: Path) -> list[ArmResult]:
         curves = dict(store.records("compare", "curve"))
         results = []
         for key, row in store.records("compare", "arm"):
-            result = _arm_result(row)
+            result = arm_result(row)
             result.curve = [CurvePoint.model_validate(p) for p in curves.get(key, [])]
             results.append(result)
         return results
@@ -292,7 +319,7 @@ def read_results(path: Path) -> list[ArmResult]:
         rows = json.loads(json_path.read_text())
         if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
             raise ValueError("expected a list of rows, one per arm and seed")
-        results = [_arm_result(row) for row in rows]
+        results = [arm_result(row) for row in rows]
     except (OSError, ValueError, TypeError) as exc:
         raise ValueError(f"{json_path}: not a compare result ({exc}); pass a compare run directory or its "
                          "compare.json") from exc

@@ -126,7 +126,8 @@ class Engine(TrainContext):
                 break
             rejected = 0 if record.accepted else rejected + 1
             if self.schedule.stops_after_rejections and limit and rejected >= limit:
-                stop = "nothing accepted twice in a row" if limit == 2 else f"nothing accepted {limit} times in a row"
+                stop = (f"no edit accepted in {limit} rounds in a row "
+                        f"(train.engine.stop_after_rejections = {limit})")
                 break
         return current, rounds, stop
 
@@ -149,10 +150,14 @@ class Engine(TrainContext):
             records.put(self.store, self.run_id, key, spec_record)
         spec = HarnessSpec.model_validate(spec_record.spec) if spec_record.spec is not None else None
         if spec is not None:
-            self.view.spec(spec)
+            self.view.spec(spec, spec_record.source)
         candidate, versions = await self.candidates(key, ev, spec, spec_record.source, target)
         out = StepOutcome(tried=spec.summary() if spec else None,
                           library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
+        replaced = candidate.source != spec_record.source  # the library's fallback, not the spec, was built
+        if replaced and versions:
+            self.view.note(f"the {'spec above' if spec else 'roles'} gave no new candidate that runs; validating "
+                           f"the library's {out.library} instead")
         if not versions:
             out.reason = (f"nothing new to try: the candidate {candidate.harness} and its variants were already "
                           "validated and rejected in this run" if candidate.harness
@@ -166,7 +171,8 @@ class Engine(TrainContext):
         out.early = decision.taken and not measured.complete
         if len(versions) > 1:
             out.reason = f"{out.variant} (picked on train): {out.reason}"
-        self.view.decision(out.accepted, f"{out.variant}: {out.reason}")
+        what = f"the library's {out.library}" if replaced else out.variant
+        self.view.decision(out.accepted, f"{what}: {out.reason}")
         return out
 
     async def propose(self, ev: Evidence, key: str, target: str | None) -> Proposal:
@@ -176,8 +182,8 @@ class Engine(TrainContext):
         taken = self.method.candidates.measured_spec(self.cfg, patterns, self.history.rejected_specs(ev.round))
         if taken is not None:
             spec, lever = taken
-            return Proposal(spec, patterns, source=f"library: {lever.lever} covers every recurring pattern "
-                            "(no debate)", target=target)
+            return Proposal(spec, patterns, source=f"library: {lever.lever} covers every recurring pattern; "
+                            "no role asked", target=target)
         return await self.proposer.propose(self.proposer_context, ev, key, target)
 
     async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,

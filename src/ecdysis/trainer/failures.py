@@ -158,7 +158,7 @@ def failure_record(traj: Trajectory, gold: Any) -> FailureRecord:
         layer = "H2"
     elif traj.termination == "crash":
         layer = _LAYER_OF_FILE.get(crash_file or "", "runtime")
-    elif traj.termination in ("timeout", "stopped", "max_turns"):
+    elif traj.termination in ("timeout", "stopped", "max_turns", "budget"):
         layer = "H4"
     elif traj.termination == "model_error":
         layer = "infra"

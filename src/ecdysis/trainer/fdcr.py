@@ -167,6 +167,7 @@ class DebateOutcome:
     transcript: list[dict[str, Any]]
     error: str = ""
     raw: list[str] = field(default_factory=list)
+    source: str = "roles"  # "library: ..." when the roles wrote no usable spec and the library wrote this one
 
 
 @dataclass
@@ -251,7 +252,9 @@ class SpecWriter:
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error,
                                "library_spec": added})
             self._checkpoint(key, transcript)
-            return DebateOutcome(spec, transcript, raw=raw)
+            return DebateOutcome(spec, transcript, raw=raw,
+                                 source=f"library: {', '.join(added) or spec.summary()}; the roles wrote no "
+                                        "usable spec")
         transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})
         self._checkpoint(key, transcript)
         return DebateOutcome(None, transcript, error=f"spec rejected after repair: {error}", raw=raw)

@@ -67,6 +67,7 @@ class TracesResult(BaseModel):
     replay: dict[str, Any] | None = None
     out_dir: str = ""
     notes: list[str] = Field(default_factory=list)
+    no_candidate: str = ""  # why no candidate harness was written ("" when one was)
 
 
 class _Traffic:
@@ -163,10 +164,22 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
                            expected_effect="calls the upstream model wrote in a form the harness missed are realized")
         result.spec = spec.model_dump()
         await _verify(current, spec, trajectories, env, tasks, limits, result, out)
-    elif not result.proposals:
-        result.notes.append("no recurring failure pattern: nothing to propose")
+    if result.candidate_id is None:
+        result.no_candidate = no_candidate_reason(result, bool(changes))
     (out / "traces_report.json").write_text(result.model_dump_json(indent=1))
     return result
+
+
+def no_candidate_reason(result: TracesResult, proposed: bool) -> str:
+    """Why `train --from-traces` wrote no candidate harness, and what to do about it."""
+    if proposed:
+        return "the H2 repairs measured on the traces failed the candidate's checks (see the notes)"
+    if not any(p["classification"] == "recurring" for p in result.patterns):
+        return (f"no recurring failure pattern in {result.failing} failing of {result.conversations} "
+                "conversations: nothing to propose")
+    return (f"no built-in H2 repair acts on the failing conversations without changing a passing one; the "
+            f"{len(result.proposals)} unvalidated proposal(s) above need agent runs: validate them on an "
+            "environment (`ecdysis train -c CONFIG --harness DIR`)")
 
 
 async def _verify(current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory], env: _Traffic,

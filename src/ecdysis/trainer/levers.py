@@ -148,10 +148,12 @@ def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[st
     Phrased as descriptions, not as rule text, so small models do not copy them into a rule."""
     out: list[str] = []
     tool_kinds = set(p.tool_failures)
+    labelled = any(tasks[t].gold for t in p.tasks if t in tasks)  # served conversations have no gold answers
+    source = "training task" if labelled else "episode"  # a served conversation is no training task
     if tool_kinds:
         demo = demo_source(p, trajectories, tasks, with_calls=True)
         if demo:
-            out.append(f"a demonstration of a native tool call, bootstrapped from passing training task {demo}")
+            out.append(f"a demonstration of a native tool call, bootstrapped from passing {source} {demo}")
         if tool_kinds & {"json_call_in_text", "no_tool_call"}:
             out.append("a rule that tools are called through the function-calling API, never written as text")
     if p.rules:
@@ -159,13 +161,14 @@ def model_call_levers(p: Pattern, trajectories: list[Trajectory], tasks: dict[st
     if p.facts.truncated:
         out.append(LEVERS["set_max_tokens"].hint)
     if not tool_kinds and (p.layer == "model" or p.facts.answer_parsed >= max(1, p.support // 2)):
-        out.append(LEVERS["add_examples"].hint)
+        if labelled:
+            out.append(LEVERS["add_examples"].hint)
         if p.confusions:
             top = p.confusions[0]
             out.append(f"a rule that tells {top.expected!r} from {top.given!r} apart (the most confused pair)")
         demo = demo_source(p, trajectories, tasks)
         if demo:
-            out.append(f"a demonstration the library bootstraps from passing training task {demo} (same kind)")
+            out.append(f"a demonstration the library bootstraps from passing {source} {demo} (same kind)")
         out.append(f"a general step-checking rule, e.g. \"{STEP_CHECK_RULE}\"")
         out.append(LEVERS["set_samples"].hint)
     out.append("a rule or tip about the cause, written to the agent")

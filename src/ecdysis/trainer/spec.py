@@ -149,12 +149,33 @@ def agent_text_problem(text: str) -> str | None:
     return None
 
 
+REPLY_START = 80  # characters of an unusable reply quoted in its error
+
+
+def not_json(text: str, exc: json.JSONDecodeError) -> str:
+    """Why a role's reply is no spec at all: it is empty, or not JSON (where it broke, and how it starts)."""
+    if not text.strip():
+        return "the role's reply is empty, not a JSON spec"
+    start = text.strip()[:REPLY_START].replace("\n", " ")
+    more = "..." if len(text.strip()) > REPLY_START else ""
+    return (f"the role's reply is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            f"it starts: {start!r}{more}")
+
+
+def schema_problems(exc: ValidationError, limit: int = 5) -> str:
+    """A pydantic validation error as `where: what` parts (no URLs), at most `limit` of them."""
+    parts = [f"{'.'.join(map(str, e['loc'])) or 'the spec'}: {e['msg']}" for e in exc.errors()]
+    return "; ".join(parts[:limit]) + (f"; and {len(parts) - limit} more" if len(parts) > limit else "")
+
+
 def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> HarnessSpec:
     """Parse and check a spec against the harness and the patterns. Raises SpecError saying what is wrong."""
     try:
         spec = HarnessSpec.model_validate(json.loads(text))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise SpecError(f"the spec does not match the schema: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise SpecError(not_json(text, exc)) from exc
+    except ValidationError as exc:
+        raise SpecError(f"the spec does not match the schema: {schema_problems(exc)}") from exc
     problems: list[str] = []
     unknown = [p for p in spec.patterns_addressed if p not in pattern_ids]
     if unknown:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -28,9 +29,11 @@ class TrainView:
             table.add_row(p.id, p.classification, p.layer, str(len(p.tasks)), str(p.support), p.name, p.reason)
         self.console.print(table)
 
-    def spec(self, spec: HarnessSpec) -> None:
+    def spec(self, spec: HarnessSpec, source: str = "roles") -> None:
+        """The step's spec and who wrote it (`source`: "roles" or "library: why")."""
         if self.enabled:
-            self.console.print("[bold]spec[/]", spec.model_dump_json(indent=1))
+            who = "the roles" if source == "roles" else f"the library ({source.removeprefix('library: ')})"
+            self.console.print(f"[bold]spec[/] written by {escape(who)}", spec.model_dump_json(indent=1))
 
     def decision(self, accepted: bool, reason: str) -> None:
         if self.enabled:

@@ -60,7 +60,8 @@ class Proposal:
     spec: HarnessSpec | None
     patterns: list[Pattern]  # the patterns the spec was written for (variants and fallbacks read them)
     error: str = ""
-    source: str = "roles"  # "roles", or "library: ..." when no role was asked
+    source: str = "roles"  # "roles", or "library: ..." when the library wrote the spec (no role asked, or none
+    # of the roles' output was usable)
     target: str | None = None  # per-failure schedule: the failing task this step is for
 
 

@@ -39,4 +39,4 @@ class SerialProposer(Proposer):
         assert target is not None
         outcome = await ctx.writer.write(key, evidence.current, [pattern], 0, debate=False,
                                          earlier=ctx.history.earlier_edits(target))
-        return Proposal(outcome.spec, [pattern], error=outcome.error, target=target)
+        return Proposal(outcome.spec, [pattern], error=outcome.error, source=outcome.source, target=target)
