@@ -301,7 +301,8 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
         return f"The result is \\boxed{{{a + b + (1 if a >= 100 else 0)}}}"
 
     roles = Roles()
-    ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"', rows=rows)
+    ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
+                 "train.acceptance=strict", rows=rows)  # sequential accepts the lever on its exact replays
     result = await train_async(ws.config, ws=ws)
     first, second = result.rounds[0], result.rounds[1]
     assert not first.accepted and not second.accepted and "no strict gain" in first.reason
@@ -337,7 +338,8 @@ def topic_ws(tmp_path: Path, roles: Roles) -> Workspace:
 
     seed = write_seed(tmp_path / "labels-seed", "jsonl")
     return make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
-                   "train.val_limit=4", f'agent.harness="{seed}"', rows=rows)
+                   "train.val_limit=4", f'agent.harness="{seed}"', "train.acceptance=strict",  # 4 val tasks decide
+                   rows=rows)
 
 
 async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_library(tmp_path: Path) -> None:

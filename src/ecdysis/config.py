@@ -140,7 +140,13 @@ class TrainSection(BaseModel):
     rounds: Positive = 3
     debate_passes: NonNegative = 2
     failure_threshold: Annotated[float, Field(gt=0, le=1)] = 1.0  # a trajectory scoring below this is a failure
-    acceptance: Literal["strict", "tolerance", "noise-aware"] = "strict"
+    # how a candidate is accepted (docs/acceptance.md): "sequential" (an exact paired test with a stated
+    # false-accept rate, stopping early either way), or "strict" | "tolerance" | "noise-aware" (no error rate)
+    acceptance: Literal["sequential", "strict", "tolerance", "noise-aware"] = "sequential"
+    alpha: float = Field(default=0.05, gt=0.0, lt=0.5)  # sequential: the false-accept rate it holds
+    min_effect: float = Field(default=0.1, gt=0.0, le=1.0)  # the smallest effect worth detecting (sizes val)
+    futility: float = Field(default=0.1, ge=0.0, lt=1.0)  # sequential: stop to reject when the chance of
+    # significance at min_effect falls below this (0: only when acceptance is out of reach)
     # where edits are accepted: "val" (held out from every optimizer role), "train" (the tasks the failures
     # were diagnosed on), or "auto": val when the environment has at least min_val_tasks val tasks
     accept_on: Literal["auto", "val", "train"] = "auto"

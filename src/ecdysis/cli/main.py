@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -202,6 +203,7 @@ def init(
         if not counts["train"] or not counts["test"]:
             notice(f"[yellow]warning:[/] no {'train' if not counts['train'] else 'test'} tasks: `ecdysis train` needs "
                    "both (add tasks, or give lines a \"split\": \"train\" | \"val\" | \"test\" field)")
+        views.split_proposal(console, counts)
     try:
         seed = seed_harness_dir(env)
         shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
@@ -213,6 +215,8 @@ def init(
         except USER_ERRORS + (ImportError, TypeError) as exc:
             fail(f"cannot load environment {env!r}: {exc}")
             return
+        with contextlib.suppress(*USER_ERRORS):  # an environment that cannot list its tasks yet: `train` warns
+            views.split_proposal(console, {split: len(environment.tasks(split)) for split in ("train", "val")})
         harness_dir.mkdir(parents=True, exist_ok=True)
         for rel, text in generic_seed_files(env, environment).items():
             (harness_dir / rel).write_text(text)

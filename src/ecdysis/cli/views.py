@@ -73,10 +73,11 @@ def train_summary(console: Console, r: Any) -> None:
     for rec in r.rounds:
         table.add_row(f"round {rec.round}", f"train {rec.train_score:.3f}; {rec.recurring} recurring; "
                       f"{round_verdict(rec)}: {rec.reason or ''}")
+        for label, ev in decision_evidence(rec):
+            table.add_row(f"  evidence{label}", ev.summary())
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
-    if (rule := r.accept_rule) is not None:
-        table.add_row("edits decided on", f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}): {rule.why}")
+    table.add_row("edits decided on", accept_rule_text(r.accept_rule))
     table.add_row("train accuracy", f"{_fmt(r.train_before)} -> {_fmt(r.train_after)}")  # None: not evaluated
     if r.val_before is not None:
         table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")
@@ -108,6 +109,38 @@ def episodes_text(run: int, cached: int) -> str:
     if not cached:
         return f"{run} run by the model"
     return f"{run} run by the model + {cached} served from the response cache (not charged) = {run + cached}"
+
+
+def decision_evidence(rec: Any) -> list[tuple[str, Any]]:
+    """(label, DecisionEvidence) of a round record: its own decision, or each serial edit's."""
+    out = [("", rec.evidence)] if rec.evidence is not None else []
+    return out + [(f" ({e.task})", e.evidence) for e in rec.edits if e.evidence is not None]
+
+
+def accept_rule_text(rule: Any) -> str:
+    """The acceptance split and rule as recorded with the run (an `AcceptRule`), with what it can detect."""
+    text = f"{rule.accept_on} ({rule.tasks} tasks, {rule.rule}"
+    text += f", false-accept rate {rule.alpha:g}" if rule.alpha is not None else ""
+    text += f", detects +{rule.detectable:.2f} or more" if rule.detectable is not None else ""
+    text += f"): {rule.why}"
+    return text + (f". Warning: {rule.warning}" if rule.warning else "")
+
+
+def split_proposal(console: Console, counts: dict[str, int]) -> None:
+    """`init`: what the task file's val split can detect under the default acceptance settings, the val size that
+    detects `train.min_effect`, and the warning when it cannot."""
+    from ..config import TrainSection
+    from ..trainer.sizing import advise
+
+    t = TrainSection()
+    val = min(counts.get("val", 0), t.val_limit or counts.get("val", 0))
+    advice = advise(val, counts.get("train", 0) + counts.get("val", 0), t.min_effect, t.alpha, t.acceptance)
+    can = f"+{advice.detectable:.2f} or more" if advice.detectable is not None else "no effect"
+    console.print(f"[dim]acceptance split: {val} val task(s) (train.val_limit = {t.val_limit}) detect {can} at "
+                  f"alpha {t.alpha:g}; proposed val size for train.min_effect = {t.min_effect:g}: "
+                  f"{advice.proposed or 'more than 4000'} task(s)[/]")
+    if advice.warning:
+        console.print(f"[yellow]warning: {advice.warning}[/]")
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -254,6 +287,18 @@ def training_overview(console: Console, run: Any) -> None:
         rounds.add_row(str(rec.round), fmt(rec.train_score), f"{len(r.patterns)} ({rec.recurring})", candidate,
                        verdict, rec.stop or rec.reason or "")
     console.print(rounds)
+    if run.accept_rule is not None:
+        console.print(f"edits decided on {accept_rule_text(run.accept_rule)}", markup=False)
+    decisions = [(f"{r.record.round}{label}", ev) for r in run.rounds for label, ev in decision_evidence(r.record)]
+    if decisions:
+        table = Table(title="Decisions: the evidence that decided each one")
+        for col in ("round", "evidence", "compared", "tasks", "effect", "p", "stopped"):
+            table.add_column(col, overflow="fold")
+        for where, ev in decisions:
+            table.add_row(where, ev.kind, f"{ev.current[:8]} -> {ev.candidate[:8]} on {ev.split}",
+                          f"{ev.tasks}/{ev.pool} x{ev.trials}", f"{ev.effect:+.3f} (+{ev.wins} -{ev.losses})",
+                          "–" if ev.p_value is None else f"{ev.p_value:.3g}", ev.stopped)
+        console.print(table)
     lineage = Table(title="Harness lineage")
     key_column(lineage, "version", [n.id for n in run.lineage])
     for col in ("parent", "status", "note"):

@@ -1,21 +1,37 @@
-"""Acceptance rules: decide from two evaluations on the acceptance split (val, or train when there is none: the
-current harness's and the candidate's per-task scores over trials) whether to keep a candidate.
+"""Acceptance rules: decide from two evaluations (per-task scores over trials) whether to keep a candidate.
 
-- strict: the train score strictly improves (the paper's rule);
+Every rule is an `AcceptanceRule`: `start(...)` opens a `Validation` of one candidate against the current
+harness's scores on the split's tasks; the engine runs the candidate in batches and asks `interim(partial)`
+between batches (a decision stops the evaluation early), then `conclude(candidate)`. Rules, by name
+(`train.acceptance`):
+
+- sequential: an exact paired test with a stated false-accept rate `train.alpha`, looking after every batch
+  and stopping early to accept or to reject (sequential.py); changes whose effect is exact on stored replies
+  are decided on that exact evidence instead (exact.py);
+- strict: the score strictly improves (the paper's rule);
 - tolerance: keep unless the score drops by more than `tolerance`;
-- noise-aware: keep only if the gain clears twice the standard error of the paired per-task
-  difference, and no task that passed in every trial now fails in every trial.
+- noise-aware: keep only if the gain clears twice the standard error of the paired per-task difference, and no
+  task that passed in every trial now fails in every trial.
 
-`decide_on_same_tasks` is what the engine calls: the decision is taken on the same task ids on both sides
-and only over complete evaluations; otherwise it is not taken (a rejection saying why).
-`rejection_certain` is early-stopped validation: the candidate cannot be accepted whatever its
-remaining tasks score (scores in [0, 1]; strict and tolerance only, whose outcome is monotone in them).
+strict and tolerance stop early only when the rejection is certain (no remaining score could change it);
+noise-aware never stops early. The decision is taken on the same task ids on both sides and only over complete
+evaluations (for sequential: or at a look that decides); otherwise it is not taken (a rejection saying why).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from math import sqrt
+from typing import TYPE_CHECKING, Protocol
+
+from ..runner.runner import pass_hat_k
+from .records import DecisionEvidence
+
+if TYPE_CHECKING:
+    from ..config import TrainSection
+
+Scores = dict[str, list[float]]
+RULE_NAMES = ("sequential", "strict", "tolerance", "noise-aware")
 
 
 @dataclass(frozen=True)
@@ -27,15 +43,90 @@ class Decision:
     reason: str
     taken: bool = True  # False: the evaluations were incomplete or disjoint, nothing was compared
     tasks: int = 0  # task ids compared
+    early: bool = False  # decided before every task of the split ran
+    evidence: DecisionEvidence | None = None
 
 
-def _mean(per_task: dict[str, list[float]]) -> float:
-    values = [sum(v) / len(v) for v in per_task.values() if v]
+class Validation(Protocol):
+    """One candidate against the current harness on one split."""
+
+    def interim(self, partial: Scores) -> Decision | None:
+        """Between batches: a decision taken now (the evaluation stops), or None to run the next batch."""
+
+    def conclude(self, candidate: Scores) -> Decision:
+        """After the evaluation ended (complete, stopped by `interim`, or cut short): the decision."""
+
+
+class AcceptanceRule(Protocol):
+    name: str
+    pools_exact_evidence: bool  # H2 changes with exact replays are decided on them (exact.py), not on a test
+
+    def start(self, current: Scores, expected: list[str], split: str = "train", batch: int | None = None,
+              trials: int = 1) -> Validation:
+        """A validation over `expected` (the split's task ids, in batch order) against `current`'s complete
+        scores; `batch`: tasks per look (None: one look at the end)."""
+
+
+# shared measurements -------------------------------------------------------------------------------------------
+def mean_of(scores: list[float]) -> float:
+    return sum(scores) / len(scores)
+
+
+def _mean(per_task: Scores) -> float:
+    values = [mean_of(v) for v in per_task.values() if v]
     return sum(values) / len(values) if values else 0.0
 
 
-def decide(rule: str, current: dict[str, list[float]], candidate: dict[str, list[float]],
-           tolerance: float = 0.05, split: str = "train") -> Decision:
+def paired(current: Scores, candidate: Scores, tasks: list[str]) -> dict[str, float]:
+    """Per task: the candidate's mean score - the current harness's (tasks scored on both sides only)."""
+    return {t: mean_of(candidate[t]) - mean_of(current[t]) for t in tasks if candidate.get(t) and current.get(t)}
+
+
+def noise_floor(current: Scores, tasks: list[str]) -> float | None:
+    """How often two trials of the current harness disagree on a task (mean |a - b| over trial pairs, averaged
+    over tasks with at least two trials); None without repeated trials."""
+    values = []
+    for t in tasks:
+        s = current.get(t) or []
+        pairs = [abs(a - b) for i, a in enumerate(s) for b in s[i + 1:]]
+        if pairs:
+            values.append(sum(pairs) / len(pairs))
+    return sum(values) / len(values) if values else None
+
+
+def pass_hat(scores: Scores, tasks: list[str], k: int) -> float:
+    """pass^k: the chance that k trials of a task all pass, averaged over tasks."""
+    values = [pass_hat_k(len(s), sum(x >= 1.0 for x in s), min(k, len(s))) for t in tasks if (s := scores.get(t))]
+    return sum(values) / len(values) if values else 0.0
+
+
+def evidence(kind: str, rule: str, split: str, current: Scores, candidate: Scores, tasks: list[str], pool: int,
+             trials: int, stopped: str, **extra: object) -> DecisionEvidence:
+    """The decision record's counts over `tasks`; `extra` sets the test's own fields."""
+    d = paired(current, candidate, tasks)
+    noisy = trials > 1
+    return DecisionEvidence(
+        kind=kind, rule=rule, split=split, tasks=len(d), pool=pool, trials=trials,  # type: ignore[arg-type]
+        wins=sum(x > 0 for x in d.values()), losses=sum(x < 0 for x in d.values()),
+        ties=sum(x == 0 for x in d.values()), effect=sum(d.values()) / len(d) if d else 0.0,
+        episodes=sum(len(v) for t, v in candidate.items()), stopped=stopped,
+        noise=noise_floor(current, tasks) if noisy else None,
+        pass_hat_k=(pass_hat(current, tasks, trials), pass_hat(candidate, tasks, trials)) if noisy else None,
+        **extra)  # type: ignore[arg-type]
+
+
+def missing_reason(current: Scores, candidate: Scores, expected: list[str], split: str, trials: int) -> str | None:
+    """Why the two sides cannot be compared over `expected` (tasks without all their trials), or None."""
+    missing = {side: [t for t in expected if len(scores.get(t, [])) < trials]
+               for side, scores in (("current", current), ("candidate", candidate))}
+    if not missing["current"] and not missing["candidate"]:
+        return None
+    return "; ".join(f"{side} harness lacks {len(m)}/{len(expected)} {split} task(s)" for side, m in missing.items()
+                     if m)
+
+
+# the classic rules -----------------------------------------------------------------------------------------------
+def decide(rule: str, current: Scores, candidate: Scores, tolerance: float = 0.05, split: str = "train") -> Decision:
     """Decide on per-task scores of the split edits are accepted on (`split` names it in the reason)."""
     cur, cand = _mean(current), _mean(candidate)
     if rule == "strict":
@@ -48,41 +139,36 @@ def decide(rule: str, current: dict[str, list[float]], candidate: dict[str, list
                         f"{split} {cur:.3f} -> {cand:.3f}: {'within' if ok else 'beyond'} tolerance {tolerance}")
     if rule == "noise-aware":
         tasks = sorted(set(current) & set(candidate))
-        diffs = [sum(candidate[t]) / len(candidate[t]) - sum(current[t]) / len(current[t]) for t in tasks]
+        diffs = list(paired(current, candidate, tasks).values())
         n = len(diffs)
         mean = sum(diffs) / n if n else 0.0
-        if n > 1:
-            var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
-            noise = 2 * sqrt(var / n)
-        else:
-            noise = 1.0
+        noise = 2 * sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else 1.0
         broken = [t for t in tasks if all(s >= 1.0 for s in current[t]) and all(s < 1.0 for s in candidate[t])]
         ok = mean > noise and not broken
         why = f"paired gain {mean:+.3f} vs noise {noise:.3f}"
         if broken:
             why += f"; {len(broken)} reliably passing task(s) now fail reliably"
         return Decision(ok, rule, cur, cand, why)
-    raise ValueError(f"unknown acceptance rule {rule!r}; use strict, tolerance or noise-aware")
+    if rule == "sequential":
+        from .sequential import SequentialRule
+
+        return SequentialRule().start(current, sorted(candidate), split).conclude(candidate)
+    raise ValueError(f"unknown acceptance rule {rule!r}; use one of {', '.join(RULE_NAMES)}")
 
 
-def decide_on_same_tasks(rule: str, current: dict[str, list[float]], candidate: dict[str, list[float]],
-                         expected: list[str], tolerance: float = 0.05, split: str = "train",
-                         trials: int = 1) -> Decision:
+def decide_on_same_tasks(rule: str, current: Scores, candidate: Scores, expected: list[str], tolerance: float = 0.05,
+                         split: str = "train", trials: int = 1) -> Decision:
     """Decide over exactly `expected` on both sides; any task missing on either side means no decision."""
-    missing = {side: [t for t in expected if len(scores.get(t, [])) < trials]
-               for side, scores in (("current", current), ("candidate", candidate))}
-    if missing["current"] or missing["candidate"]:
-        why = "; ".join(f"{side} harness lacks {len(m)}/{len(expected)} {split} task(s)"
-                        for side, m in missing.items() if m)
+    if (why := missing_reason(current, candidate, expected, split, trials)) is not None:
         return Decision(False, rule, _mean(current), _mean(candidate), f"not decided: {why}", taken=False)
     same = set(expected)
     d = decide(rule, {t: v for t, v in current.items() if t in same},
                {t: v for t, v in candidate.items() if t in same}, tolerance, split)
-    return Decision(d.accepted, d.rule, d.current, d.candidate, d.reason, tasks=len(same))
+    return replace(d, tasks=len(same))
 
 
-def rejection_certain(rule: str, current: dict[str, list[float]], partial: dict[str, list[float]],
-                      expected: list[str], tolerance: float = 0.05, split: str = "train") -> Decision | None:
+def rejection_certain(rule: str, current: Scores, partial: Scores, expected: list[str], tolerance: float = 0.05,
+                      split: str = "train") -> Decision | None:
     """A rejection when even a perfect score on the candidate's remaining tasks could not get it accepted;
     None when the outcome is still open (or the rule is not monotone: noise-aware)."""
     if rule not in ("strict", "tolerance") or any(t not in current for t in expected):
@@ -95,4 +181,72 @@ def rejection_certain(rule: str, current: dict[str, list[float]], partial: dict[
     cur = _mean(base)
     return Decision(False, rule, cur, _mean({t: partial[t] for t in ran}),
                     f"{split} {cur:.3f} -> at most {_mean(best):.3f} after {len(ran)}/{len(expected)} task(s): "
-                    "rejected early (the remaining tasks cannot change it)", tasks=len(ran))
+                    "rejected early (the remaining tasks cannot change it)", tasks=len(ran), early=True)
+
+
+@dataclass(frozen=True)
+class ClassicRule:
+    """strict, tolerance or noise-aware as an `AcceptanceRule` (no stated error rate; no exact-evidence path)."""
+
+    name: str
+    tolerance: float = 0.05
+    pools_exact_evidence: bool = False
+
+    def start(self, current: Scores, expected: list[str], split: str = "train", batch: int | None = None,
+              trials: int = 1) -> ClassicValidation:
+        return ClassicValidation(self, current, list(expected), split, trials)
+
+
+@dataclass
+class ClassicValidation:
+    rule: ClassicRule
+    current: Scores
+    expected: list[str]
+    split: str
+    trials: int
+    stopped_by: Decision | None = field(default=None)
+
+    def _with_evidence(self, d: Decision, candidate: Scores, stopped: str) -> Decision:
+        tasks = [t for t in self.expected if t in candidate]
+        return replace(d, evidence=evidence("rule", self.rule.name, self.split, self.current, candidate, tasks,
+                                            len(self.expected), self.trials, stopped))
+
+    def interim(self, partial: Scores) -> Decision | None:
+        d = rejection_certain(self.rule.name, self.current, partial, self.expected, self.rule.tolerance, self.split)
+        if d is not None and self.stopped_by is None:
+            self.stopped_by = self._with_evidence(d, partial, "rejected early: the remaining tasks cannot change it")
+        return self.stopped_by if d is not None else None
+
+    def conclude(self, candidate: Scores) -> Decision:
+        if self.stopped_by is not None:
+            return self.stopped_by
+        d = decide_on_same_tasks(self.rule.name, self.current, candidate, self.expected, self.rule.tolerance,
+                                 self.split, self.trials)
+        stopped = "all tasks compared" if d.taken else "not decided: an evaluation is incomplete"
+        return self._with_evidence(d, candidate, stopped)
+
+
+def make_rule(train: TrainSection) -> AcceptanceRule:
+    """The configured rule (`train.acceptance`) with its settings."""
+    if train.acceptance == "sequential":
+        from .sequential import SequentialRule
+
+        return SequentialRule(train.alpha, train.min_effect, train.futility)
+    if train.acceptance in RULE_NAMES:
+        return ClassicRule(train.acceptance, train.tolerance)
+    raise ValueError(f"unknown acceptance rule {train.acceptance!r}; use one of {', '.join(RULE_NAMES)}")
+
+
+def validate_in_batches(rule: AcceptanceRule, current: Scores, candidate: Scores, expected: list[str],
+                        batch: int | None, split: str = "val", trials: int = 1) -> tuple[Decision, int]:
+    """The engine's validation without an engine (benchmarks, tests): the candidate's scores are revealed batch by
+    batch in `expected` order, `interim` is asked before every batch after the first (as `Evaluator.measure`
+    asks its stop predicate), then `conclude`. Returns the decision and the candidate episodes it used."""
+    validation = rule.start(current, expected, split, batch, trials)
+    size = batch or len(expected) or 1
+    partial: Scores = {}
+    for start in range(0, len(expected), size):
+        if partial and validation.interim(partial) is not None:
+            break
+        partial.update({t: candidate[t] for t in expected[start:start + size] if t in candidate})
+    return validation.conclude(partial), sum(len(v) for v in partial.values())

@@ -28,6 +28,7 @@ from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach, measure_repairs, measurement_records
 from .records import AcceptRule
 from .rerun import runner_rerun
+from .sizing import advise
 from .view import TrainView
 
 T = TypeVar("T")
@@ -113,12 +114,29 @@ class TrainContext:
         if t.accept_on == "val" and len(val) < t.min_val_tasks:
             raise ValueError(f"train.accept_on = 'val' but the environment has {len(val)} val task(s) "
                              f"(< train.min_val_tasks = {t.min_val_tasks}); use accept_on = 'train' or add val tasks")
-        if t.accept_on != "train" and len(val) >= t.min_val_tasks:
-            return val, AcceptRule(accept_on="val", tasks=len(val), rule=t.acceptance,
-                                   why="decided on held-out val tasks; optimizer roles see only aggregate val scores")
-        why = ("configured" if t.accept_on == "train"
+        on_val = t.accept_on != "train" and len(val) >= t.min_val_tasks
+        why = ("decided on held-out val tasks; optimizer roles see only aggregate val scores" if on_val
+               else "configured" if t.accept_on == "train"
                else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
-        return [], AcceptRule(accept_on="train", tasks=len(self.train_tasks), rule=t.acceptance, why=why)
+        n = len(val) if on_val else len(self.train_tasks)
+        advice = advise(n, len(self.train_tasks) + len(val), t.min_effect, t.alpha, t.acceptance)
+        if advice.warning:
+            self.view.note(f"[yellow]acceptance split: {advice.warning}[/]")
+        if self.stochastic() and t.train_trials == 1:
+            self.view.note("[yellow]episodes are stochastic (sampling temperature or a simulated user) and "
+                           "train.train_trials = 1: the noise floor is not measured; the sequential test stays exact, "
+                           "set train.train_trials = 3 to measure the noise and report pass^k[/]")
+        rule = AcceptRule(accept_on="val" if on_val else "train", tasks=n, rule=t.acceptance, why=why,
+                          alpha=t.alpha if t.acceptance == "sequential" else None, detectable=advice.detectable,
+                          proposed=advice.proposed, warning=advice.warning)
+        return (val if on_val else []), rule
+
+    def stochastic(self) -> bool:
+        """Whether the seed harness's episodes are random: sampling temperature, self-consistency samples, or a
+        simulated user at a temperature above 0."""
+        gen = self.ws.harness().manifest.generation
+        user = getattr(self.ws.env, "conversational", False) and self.cfg.user.temperature > 0
+        return gen.temperature > 0 or (gen.samples > 1 and gen.sample_temperature > 0) or bool(user)
 
     @property
     def accept_split(self) -> str:

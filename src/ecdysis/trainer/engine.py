@@ -7,23 +7,28 @@ variants and fallbacks) and the shared acceptance rule and budget (`[train.budge
 A step: the proposer's spec (stored), the candidate and its variants built and checked (stored), the variant
 picked on the training tasks (cache-served; `train.engine.screen_batch` screens on a few tasks first), the
 pick validated on the acceptance split against the current harness on the same task ids, and decided by the
-rule. With `train.engine.early_stop` a validation stops as soon as its rejection is certain. After every
+acceptance rule (accept.py). With `train.engine.early_stop` the candidate runs in batches and the rule may decide
+between them (strict/tolerance: once the rejection is certain; sequential: accept or reject at its stated error
+rate). Under the sequential rule a change that only edits H2 is decided on its exact replay instead (exact.py).
+Every decision stores its evidence (`DecisionEvidence`) with the step's record. After every
 decision a `CurvePoint` is stored. Every step is timed and stored, so a rerun resumes without repeating work.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
-from ..agent.trajectory import INFRA_ERROR
+from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
 from ..harness.manifest import HarnessVersion
 from ..workspace import Workspace
 from . import records
-from .accept import Decision, decide_on_same_tasks, rejection_certain
+from .accept import Decision, make_rule
 from .budget import Budget, Spend, optimizer_spend
 from .context import TrainContext
 from .evaluation import Evaluator, Measured
+from .exact import Replays, decide_on_replays
 from .failures import Pattern
 from .fdcr import SpecWriter
 from .history import StepHistory
@@ -33,6 +38,7 @@ from .levers import candidate_variants, library_fallback_specs
 from .methods import Method
 from .proposers import Evidence, Proposal, ProposerContext
 from .records import CandidateRecord, CurvePoint, RoundRecord, SpecRecord
+from .rerun import runner_rerun
 from .schedules import StepOutcome
 from .spec import HarnessSpec
 from .view import TrainView
@@ -63,6 +69,7 @@ class Engine(TrainContext):
         self.proposer_context = ProposerContext(SpecWriter(self.store, run_id, self.roles, self.cfg.roles),
                                                 self.cfg, self.train_tasks, self.history)
         t, e = self.cfg.train, self.cfg.train.engine
+        self.rule = make_rule(t)
         self.budget = Budget(t.budget.agent_executions, t.budget.optimizer_tokens, t.budget.wall_s)
         batches = {self.accept_split: e.eval_batch or 4 * self.cfg.run.concurrency} if e.early_stop else {}
         if e.screen_batch:
@@ -165,10 +172,13 @@ class Engine(TrainContext):
                           else spec_record.error or "no valid spec")
             return out
         out.variant, chosen, out.variant_scores = await self.pick(key, versions)
-        decision, measured = await self.validate(key, ev.current, chosen)
+        decision, measured = await self.validate(key, ev.current, chosen, ev.trajectories)
         out.accepted, out.reason, out.taken = decision.accepted, decision.reason, decision.taken
-        out.candidate, out.candidate_score, out.decided_on = chosen.id, measured.score, measured.split
-        out.early = decision.taken and not measured.complete
+        out.early = decision.early
+        out.candidate, out.decided_on = chosen.id, measured.split
+        out.candidate_score = measured.score if measured.per_task else decision.candidate  # nothing ran: replayed
+        if decision.evidence is not None:
+            out.evidence = decision.evidence.model_copy(update={"current": ev.current.id, "candidate": chosen.id})
         if len(versions) > 1:
             out.reason = f"{out.variant} (picked on train): {out.reason}"
         what = f"the library's {out.library}" if replaced else out.variant
@@ -256,29 +266,41 @@ class Engine(TrainContext):
         best = max(names, key=lambda n: (scores[n] if scores[n] is not None else -1.0, order[n]))
         return best, versions[best], scores
 
-    async def validate(self, key: str, current: HarnessVersion, chosen: HarnessVersion) -> tuple[Decision, Measured]:
-        """The current harness and the candidate on the acceptance split, decided on the same task ids; the
-        candidate's evaluation stops once its rejection is certain (`train.engine.early_stop`)."""
-        split, rule, tol = self.accept_split, self.cfg.train.acceptance, self.cfg.train.tolerance
+    async def validate(self, key: str, current: HarnessVersion, chosen: HarnessVersion,
+                       trajectories: list[Trajectory]) -> tuple[Decision, Measured]:
+        """The current harness and the candidate on the acceptance split, decided by the rule on the same task ids.
+        With `train.engine.early_stop` the candidate runs in batches and the rule may decide between them. A rule
+        that pools exact evidence decides an H2-only candidate on its replays (`trajectories`: the current
+        harness's training episodes) when every changed episode replays exactly; an accepted one is then evaluated
+        on the split (it is the next decision's base; cache-served where replies are cached)."""
+        split, trials = self.accept_split, self.cfg.train.train_trials
         base = await self._timed(f"{key}/val-base" if split == "val" else f"{key}/base",
                                  lambda: self.evaluator.measure(current, split))
+        h2_only = chosen.id != current.id and edits_only_h2(current, chosen.files)
+        if self.rule.pools_exact_evidence and base.complete and h2_only:
+            held = [t for e in base.eval_ids for t in self.store.trajectories(e)] if split == "val" else None
+            decided = await self._timed(f"{key}/exact", lambda: decide_on_replays(
+                self.rule, chosen, Replays(self.ws.env, self.runner.limits, runner_rerun(self.runner)),
+                (trajectories, self.train_tasks), (held, self.evaluator.tasks["val"]), base.score or 0.0))
+            if decided is not None:
+                cand = Measured(chosen.id, split, base.expected, trials)
+                if decided.accepted:  # now the current harness: its evaluation is the next decision's base
+                    cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(chosen, split))
+                return decided, cand
         early = self.cfg.train.engine.early_stop and base.complete
+        validation = self.rule.start(base.per_task, base.expected, split,
+                                     self.evaluator.batches.get(split) if early else None, trials)
 
-        def certain(partial: dict[str, list[float]]) -> str | None:
-            d = rejection_certain(rule, base.per_task, partial, base.expected, tol, split)
+        def stop(partial: dict[str, list[float]]) -> str | None:
+            d = validation.interim(partial)
             return d.reason if d else None
 
-        cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(
-            chosen, split, certain if early else None))
-        if early and not cand.complete and (d := rejection_certain(rule, base.per_task, cand.per_task,
-                                                                   base.expected, tol, split)):
-            return d, cand
-        decision = decide_on_same_tasks(rule, base.per_task, cand.per_task, base.expected, tol, split,
-                                        self.cfg.train.train_trials)
+        cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(chosen, split,
+                                                                                   stop if early else None))
+        decision = validation.conclude(cand.per_task)
         if not decision.taken:
             why = "; ".join(m.stopped for m in (base, cand) if m.stopped)
-            decision = Decision(False, rule, decision.current, decision.candidate,
-                                f"{decision.reason}{f' ({why})' if why else ''}", taken=False)
+            decision = replace(decision, reason=f"{decision.reason}{f' ({why})' if why else ''}")
         return decision, cand
 
     async def val_scores(self, seed: HarnessVersion, final: HarnessVersion) -> tuple[float | None, float | None]:

@@ -18,6 +18,56 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class DecisionEvidence(Record):
+    """What decided an acceptance: which evidence, what was compared, on how many tasks, the effect, the test's
+    p-value and why it stopped (shown by `show` and the report; the roles see only the decision's reason)."""
+
+    kind: Literal["exact replay", "sequential test", "rule"]  # exact effects on stored replies, or agent runs
+    rule: str
+    split: str
+    current: str = ""  # harness ids compared
+    candidate: str = ""
+    alpha: float | None = None  # the stated false-accept rate (sequential)
+    tasks: int = 0  # tasks compared
+    pool: int = 0  # tasks the split holds
+    trials: int = 1
+    wins: int = 0  # tasks the candidate scores higher on
+    losses: int = 0
+    ties: int = 0
+    effect: float = 0.0  # mean paired difference (candidate - current) over the tasks compared
+    p_value: float | None = None
+    threshold: float | None = None  # alpha spent through the deciding look (accept when p <= it)
+    looks: str = ""  # "2/4": the look that decided, of the planned looks
+    stopped: str = ""  # why it stopped
+    episodes: int = 0  # candidate episodes the decision used
+    noise: float | None = None  # trials > 1: how often two trials of the current harness disagree on a task
+    pass_hat_k: tuple[float, float] | None = None  # trials > 1: pass^k of the current harness, the candidate
+    train_gained: int = 0  # exact replay: tasks gained / lost on the stored training replies
+    train_lost: int = 0
+    val_gained: int = 0  # ... and on the stored replies of the acceptance split
+    val_lost: int = 0
+
+    def summary(self) -> str:
+        """One line: which evidence, what it showed, why it stopped."""
+        if self.kind == "exact replay":
+            val = f"; {self.split} +{self.val_gained} -{self.val_lost} of {self.pool}" if self.split != "train" else ""
+            return (f"exact replay on stored replies: train +{self.train_gained} -{self.train_lost}{val} "
+                    f"(no agent episode): {self.stopped}")
+        text = (f"{self.kind} ({self.rule}) on {self.split}: {self.tasks}/{self.pool} tasks x {self.trials}, "
+                f"+{self.wins} -{self.losses} ={self.ties}, effect {self.effect:+.3f}")
+        if self.p_value is not None:
+            text += f", p={self.p_value:.3g}"
+            if self.threshold is not None:
+                text += f" (accept at <= {self.threshold:.3g}; alpha {self.alpha:g})"
+        if self.looks:
+            text += f", look {self.looks}"
+        if self.noise is not None:
+            text += f", noise {self.noise:.2f}"
+        if self.pass_hat_k is not None:
+            text += f", pass^{self.trials} {self.pass_hat_k[0]:.2f} -> {self.pass_hat_k[1]:.2f}"
+        return f"{text}, {self.episodes} episodes: {self.stopped}"
+
+
 class SerialEdit(Record):
     """One per-failure edit of the serial baseline (key `r{round}/f{i}`): its target is a failing task of
     the harness current when it was made."""
@@ -34,6 +84,7 @@ class SerialEdit(Record):
     decision_taken: bool = True  # False: an evaluation was incomplete (budget, infrastructure): not compared
     early_stopped: bool = False
     variant_scores: dict[str, float | None] = Field(default_factory=dict)  # train score of each variant picked from
+    evidence: DecisionEvidence | None = None  # what decided it (None: no decision, or an older run)
 
 
 class RoundRecord(Record):
@@ -55,8 +106,9 @@ class RoundRecord(Record):
     library_candidate: str | None = None
     edits: list[SerialEdit] = Field(default_factory=list)
     decision_taken: bool = True  # False: an evaluation was incomplete (budget, infrastructure): not compared
-    early_stopped: bool = False  # the candidate's validation stopped once its rejection was certain
+    early_stopped: bool = False  # the candidate's validation stopped before its last task (decided early)
     variant_scores: dict[str, float | None] = Field(default_factory=dict)  # train score of each variant picked from
+    evidence: DecisionEvidence | None = None  # what decided it (None: no decision, or an older run)
 
     def attempts(self) -> list[SerialEdit | RoundRecord]:
         """The edits this round paid for: the serial baseline's attempted edits, else the round's own
@@ -94,6 +146,10 @@ class AcceptRule(Record):
     tasks: int
     rule: str
     why: str
+    alpha: float | None = None  # the sequential rule's false-accept rate
+    detectable: float | None = None  # the smallest effect the split detects (80% power; see sizing.py)
+    proposed: int | None = None  # the split size that detects `train.min_effect`
+    warning: str | None = None  # the split cannot tell the effects worth detecting from noise
 
 
 class CurvePoint(Record):

@@ -24,7 +24,7 @@ from . import records
 from .budget import Budget, Spend
 from .evaluation import Measured
 from .proposers.base import Evidence
-from .records import RoundRecord, SerialEdit
+from .records import DecisionEvidence, RoundRecord, SerialEdit
 from .view import TrainView
 
 
@@ -43,6 +43,7 @@ class StepOutcome:
     early: bool = False
     library: str | None = None
     tried: str | None = None
+    evidence: DecisionEvidence | None = None
 
     def harness_after(self, current: HarnessVersion) -> str:
         return self.candidate if self.accepted and self.candidate else current.id
@@ -105,7 +106,7 @@ class RoundSchedule(Schedule):
             "candidate": out.candidate, "candidate_score": out.candidate_score, "variant": out.variant,
             "decided_on": out.decided_on, "accepted": out.accepted, "reason": out.reason, "harness_after": after,
             "library_candidate": out.library, "decision_taken": out.taken, "early_stopped": out.early,
-            "variant_scores": out.variant_scores, "stop": stop})
+            "variant_scores": out.variant_scores, "stop": stop, "evidence": out.evidence})
 
 
 class PerFailureSchedule(Schedule):
@@ -157,4 +158,5 @@ class PerFailureSchedule(Schedule):
         loop.point(key, loop.store.load_version(out.harness_after(ev.current)), out.accepted)
         return SerialEdit(task=task, accepted=out.accepted, reason=out.reason, variant=out.variant,
                           harness=out.candidate, tried=out.tried, decided_on=out.decided_on,
-                          decision_taken=out.taken, early_stopped=out.early, variant_scores=out.variant_scores)
+                          decision_taken=out.taken, early_stopped=out.early, variant_scores=out.variant_scores,
+                          evidence=out.evidence)
