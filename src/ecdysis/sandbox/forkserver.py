@@ -156,13 +156,15 @@ class ForkServer:
 
     @classmethod
     def start(cls, src_root: str, env: dict[str, str], view: SandboxView, env_name: str = "",
-              max_tasks: int = 64) -> ForkServer | None:
+              max_tasks: int = 64, module: str = "ecdysis.sandbox.zygote",
+              args: tuple[str, ...] | None = None) -> ForkServer | None:
         """Start and wait for the zygote (blocking: call it off the event loop); it sees `view` and imports
         the environment from its import paths; it and every episode it forks may hold `max_tasks` processes
         and threads in all. None where per-episode namespaces are unavailable (no bubblewrap, no nested user
-        namespaces)."""
+        namespaces). `module` and `args`: another zygote speaking the same control protocol (`serve`'s, which
+        forks one worker per conversation), with its own command-line arguments."""
         plugin = [env_name, *view.import_paths] if env_name else []
-        command = [sys.executable, "-m", "ecdysis.sandbox.zygote", *plugin]
+        command = [sys.executable, "-m", module, *(plugin if args is None else args)]
         argv = confine_argv(command, env, src_root, list(view.read_only), list(view.hidden))
         if argv is None or not hasattr(os, "pidfd_open"):
             return None

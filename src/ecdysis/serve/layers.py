@@ -10,14 +10,17 @@
 - H2 `realize`: the library's `realize_message` (repairs before and after the harness's `realize`,
   per-call repairs) plus schema validation, against the request's tools.
 
-The harness's own Python layers (`action.py`, `regulate.py`: model-written) run in a long-lived sandboxed
-worker (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless `code="inprocess"`
-(`serve --trust-harness-code`: faster, for a harness you reviewed). The library's layers run here. A harness
-that fails to load (here or in its sandbox) raises `HarnessError` naming the file.
+The harness's own Python layers (`action.py`, `regulate.py`: model-written) run sandboxed, in a worker
+process per conversation (`sandboxed.py`), never in the proxy that holds the upstream's keys, unless
+`code="inprocess"` (`serve --trust-harness-code`: for a harness you reviewed; its module state is then shared
+by every conversation). The library's layers run here, and the host validates H2's actions against the
+request's tools itself. A harness that fails to load (here or in its sandbox) raises `HarnessError` naming
+the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import sys
@@ -30,14 +33,16 @@ from types import ModuleType
 from typing import Any, Literal
 
 from ..agent.loop import build_system_prompt, load_module
-from ..harness.api import Action, Reply, StepState, ToolSpec, Verdict
+from ..agent.realize import realize_message
+from ..harness.api import Action, ActionContext, Reply, StepState, ToolSpec, Verdict
+from ..harness.api import ToolCall as HarnessCall
 from ..harness.manifest import HarnessError, HarnessVersion, load_harness
-from ..harness.repairs import REPAIRS_FILE, parse_repairs
+from ..harness.repairs import REPAIRS_FILE, parse_repairs, repair_message
 from ..harness.skills import parse_demos
-from ..harness.tool_calls import native_realize, parse_arguments
+from ..harness.tool_calls import native_realize, parse_arguments, validate
 from ..models.base import Message
-from .codec import Outcome, outcome_from_record, realize_outcome, state_record
-from .sandboxed import LayerCodeError, SandboxedLayers, probe
+from .messages import CallRecord, Realized, RealizeRequest, RegulateRequest, StateRecord, Verdicts
+from .sandboxed import LayerCodeError, Lineage, SandboxedLayers, request_id
 
 
 class HarnessRuntimeError(RuntimeError):
@@ -56,6 +61,22 @@ class Prepared:
     annotations: list[str] = field(default_factory=list)  # H4 annotations on the newest tool results
     stop: Verdict | None = None  # H4 asked to stop after the newest tool results
     observations: list[dict[str, Any]] = field(default_factory=list)  # newest tool results (tool, text)
+
+
+@dataclass
+class Outcome:
+    """H2 on one upstream reply: the realized actions (or the rejection) and what to tell the model."""
+
+    text: str  # the message text after message-stage repairs (calls written as text removed)
+    actions: list[Action]
+    repairs: list[str]
+    reject_rule: str = ""
+    feedback: str = ""
+    invalid: list[tuple[Action, str, str]] = field(default_factory=list)  # (action, kind, message)
+
+    @property
+    def accepted(self) -> bool:
+        return not self.reject_rule and not self.invalid
 
 
 def _load_module(path: Path, name: str, shown: Path) -> ModuleType:
@@ -82,7 +103,8 @@ def _layer_function(harness: HarnessVersion, code_root: Path, shown_root: Path, 
 class ServedHarness:
     """One harness directory, loaded once and applied to every request."""
 
-    def __init__(self, directory: Path | str, code: Literal["sandbox", "inprocess"] = "sandbox") -> None:
+    def __init__(self, directory: Path | str, code: Literal["sandbox", "inprocess"] = "sandbox",
+                 concurrency: int = 16) -> None:
         self.root = Path(directory).resolve()
         self.version = load_harness(self.root)
         m = self.version.manifest
@@ -95,11 +117,12 @@ class ServedHarness:
         self._regulate: Callable[..., Any] | None = None
         self.has_action, self.has_regulate = bool(m.files.action), bool(m.files.regulate)
         if code == "sandbox" and (self.has_action or self.has_regulate):
+            self.sandbox = SandboxedLayers(self.version.files, concurrency)
             try:
-                self.isolation = probe(self.version.files)
+                self.isolation = self.sandbox.start()
             except LayerCodeError as exc:
+                self.sandbox.close()
                 raise HarnessError(f"{self.root}: {exc}") from exc
-            self.sandbox = SandboxedLayers(self.version.files)
             self._realize = None if self.has_action else native_realize
         elif self.has_action or self.has_regulate:
             self.isolation = "in-process"
@@ -120,7 +143,7 @@ class ServedHarness:
         self.demos = parse_demos(self.version.layer_text("demos"))
         self.manifest = self.version.manifest
         self._prompts: dict[tuple[str, str], tuple[str, str, list[str]]] = {}
-        self._verdict_cache: dict[str, Verdict] = {}
+        self._verdict_cache: dict[str, Verdict] = {}  # in-process H4 verdicts by state digest (sandboxed: per worker)
 
     def _system(self, tools: tuple[ToolSpec, ...], first_user: str) -> tuple[str, str, list[str]]:
         """`build_system_prompt` for (tools, first user message), kept: every turn of a conversation asks again."""
@@ -149,14 +172,17 @@ class ServedHarness:
         return self.manifest.name
 
     # H3 + H5 + H4 ---------------------------------------------------------------------------------
-    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
-        """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated."""
+    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...], lineage: Lineage | None = None
+                      ) -> Prepared:
+        """The upstream request's messages: contract and tips merged, demos inserted, tool results regulated.
+        `lineage`: the request's place in its conversation (which sandboxed worker serves it, until `end_turn`);
+        None: a fresh worker per call."""
         agent_system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
         rest = [m for m in messages if m.role != "system"]
         first_user = next((m.content for m in rest if m.role == "user"), "")
         contract, tips, skill_ids = self._system(tools, first_user)
         system = "\n\n".join(part for part in (contract, agent_system) if part)
-        rest, annotations, stop, observations = await self.regulate_results(rest)
+        rest, annotations, stop, observations = await self.regulate_results(rest, lineage)
         out = [Message(role="system", content=system)] if system else []
         out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
         out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
@@ -168,7 +194,7 @@ class ServedHarness:
             out.append(m)
         return Prepared(out, system, tips, skill_ids, first_user, annotations, stop, observations)
 
-    async def regulate_results(self, messages: list[Message]
+    async def regulate_results(self, messages: list[Message], lineage: Lineage | None = None
                                ) -> tuple[list[Message], list[str], Verdict | None, list[dict[str, Any]]]:
         """H4 over every tool result; returns (messages, newest annotations, newest stop, newest results)."""
         last_assistant = max((i for i, m in enumerate(messages) if m.role == "assistant"), default=-1)
@@ -193,7 +219,7 @@ class ServedHarness:
             history.append((action, m.content))
         if not states or not self.has_regulate:
             return messages, [], None, observations
-        verdicts = await self._verdicts([state for _, state in states])
+        verdicts = await self._verdicts([state for _, state in states], lineage)
         out = list(messages)
         newest: list[str] = []
         stop: Verdict | None = None
@@ -207,27 +233,34 @@ class ServedHarness:
                 stop = verdict
         return out, newest, stop, observations
 
-    async def _verdicts(self, states: list[StepState]) -> list[Verdict]:
+    async def _verdicts(self, states: list[StepState], lineage: Lineage | None) -> list[Verdict]:
         """H4's verdict on each state. A tool result already regulated at this point of a conversation (same
         call, result and history: every later turn sends it again) is answered from a cache, so each request
-        regulates only its new results."""
-        records = [json.dumps(state_record(s), sort_keys=True) for s in states]
-        missing = [i for i, key in enumerate(records) if key not in self._verdict_cache]
-        if missing:
-            fresh = await self._regulate_states([states[i] for i in missing])
-            if len(self._verdict_cache) > 50_000:
-                self._verdict_cache.clear()
-            for i, verdict in zip(missing, fresh, strict=True):
-                self._verdict_cache[records[i]] = verdict
-        return [self._verdict_cache[key] for key in records]
+        regulates only its new results. Sandboxed, the cache is the conversation's worker's own: a verdict
+        may encode anything that worker saw, so no other conversation ever gets it."""
+        keys = [_state_key(s) for s in states]
+        if self.sandbox is None:
+            cache = self._verdict_cache
+        else:
+            cache = (await self.sandbox.bind(lineage)).verdicts if lineage is not None else {}
+        missing = [i for i, key in enumerate(keys) if key not in cache]
+        fresh = dict(zip(missing, await self._regulate_states([states[i] for i in missing], lineage), strict=True)
+                     ) if missing else {}
+        out = [fresh[i] if i in fresh else cache[key] for i, key in enumerate(keys)]
+        if len(cache) > 10_000:
+            cache.clear()
+        cache.update((keys[i], verdict) for i, verdict in fresh.items())
+        return out
 
-    async def _regulate_states(self, states: list[StepState]) -> list[Verdict]:
+    async def _regulate_states(self, states: list[StepState], lineage: Lineage | None) -> list[Verdict]:
         if self.sandbox is not None:
             try:
-                raw = await self.sandbox.call("regulate", {"states": [state_record(s) for s in states]})
+                reply = await self.sandbox.call(RegulateRequest(id=request_id(),
+                                                                states=[StateRecord.of(s) for s in states]), lineage)
             except LayerCodeError as exc:
                 raise HarnessRuntimeError(f"H4 regulate(): {exc}") from exc
-            return [Verdict(v["annotation"], bool(v["stop"]), v["reason"]) for v in raw]
+            assert isinstance(reply, Verdicts)
+            return [v.verdict() for v in reply.verdicts]
         out = []
         for state in states:
             try:
@@ -241,8 +274,10 @@ class ServedHarness:
         return out
 
     # H2 -------------------------------------------------------------------------------------------
-    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
-        """H2 on one upstream reply against the request's tools: repairs, realize, validation."""
+    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str,
+                      lineage: Lineage | None = None) -> Outcome:
+        """H2 on one upstream reply against the request's tools: repairs, realize, validation. `lineage`: the
+        request's place in its conversation (None: a sandboxed worker of its own)."""
         if self._realize is not None:
             try:
                 return realize_outcome(self._realize, self.repairs, reply, tools, turn, task_prompt)
@@ -250,13 +285,24 @@ class ServedHarness:
                 raise HarnessRuntimeError(f"H2 realize() raised: {traceback.format_exception_only(exc)[-1].strip()}"
                                           ) from exc
         assert self.sandbox is not None
-        calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]
+        request = RealizeRequest(id=request_id(), text=reply.text, turn=turn, task=task_prompt,
+                                 calls=[CallRecord(id=c.id, name=c.name, arguments=c.arguments)
+                                        for c in reply.tool_calls],
+                                 tools=[t.to_record() for t in tools])
         try:
-            raw = await self.sandbox.call("realize", {"text": reply.text, "calls": calls, "turn": turn,
-                                                      "task": task_prompt, "tools": [t.to_record() for t in tools]})
+            realized = await self.sandbox.call(request, lineage)
         except LayerCodeError as exc:
             raise HarnessRuntimeError(f"H2 realize(): {exc}") from exc
-        return outcome_from_record(raw)
+        assert isinstance(realized, Realized)
+        outcome = Outcome(realized.text, [a.action() for a in realized.actions], realized.repairs,
+                          realized.reject_rule, realized.feedback)
+        return validated(outcome, tools)
+
+    async def end_turn(self, lineage: Lineage, reply: Message | None) -> None:
+        """The request is over (`reply`: what the client got, None if it failed): its sandboxed worker is kept
+        for the conversation's next request, or ended."""
+        if self.sandbox is not None:
+            await self.sandbox.end_turn(lineage, reply)
 
     async def aclose(self) -> None:
         if self.sandbox is not None:
@@ -274,6 +320,40 @@ class ServedHarness:
             self._code_root = None
 
 
+def realized_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
+                     turn: int, task_prompt: str) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs), not yet validated."""
+    ctx = ActionContext(tools, turn, task_prompt, conversational=True)
+    repaired, _ = repair_message(repairs, reply, tools)
+    realized = realize_message(realize, repairs, reply, ctx)
+    if realized.reject is not None:
+        return Outcome(repaired.text, [], realized.repairs, realized.reject.rule or "unparsed",
+                       realized.reject.feedback)
+    return Outcome(repaired.text, realized.actions, realized.repairs)
+
+
+def validated(outcome: Outcome, tools: tuple[ToolSpec, ...]) -> Outcome:
+    """The outcome with its actions checked against the request's tools (run by the host: harness code in the
+    sandbox does not decide which of its calls are valid)."""
+    if outcome.reject_rule:
+        return outcome
+    invalid = [(a, *problem) for a in outcome.actions if (problem := validate(a, tools)) is not None]
+    feedback = "\n".join(message for _, _, message in invalid)
+    return Outcome(outcome.text, outcome.actions, outcome.repairs, "", feedback, invalid)
+
+
+def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
+                    turn: int, task_prompt: str) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
+    return validated(realized_outcome(realize, repairs, reply, tools, turn, task_prompt), tools)
+
+
+def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:
+    """An upstream reply ({"id", "name", "arguments"} calls) as the harness's `Reply`."""
+    return Reply(text, tuple(HarnessCall(c.get("id", ""), c.get("name", ""), c.get("arguments", "{}"))
+                             for c in calls))
+
+
 def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcome) -> list[Message]:
     """What the upstream model is told after a rejected or invalid reply: its reply, then the feedback
     (a rejection as a user message; invalid calls as their tool results, the valid ones not run)."""
@@ -289,6 +369,15 @@ def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcom
         out.append(Message(role="tool", tool_call_id=c["id"], content=bad.get(
             c["id"], "(not run: another call in this message was invalid; send the corrected calls again)")))
     return out
+
+
+def _state_key(s: StepState) -> str:
+    """A digest of everything H4 sees of one state."""
+    def action(a: Action) -> list[Any]:
+        return [a.tool, a.input, a.arguments, a.call_id]
+
+    record = [s.turn, s.max_turns, action(s.action), s.observation, [(action(a), o) for a, o in s.history]]
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
 
 def arguments_text(action: Action) -> str:

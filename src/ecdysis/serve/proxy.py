@@ -20,10 +20,10 @@ from pydantic import BaseModel
 from ..harness.api import Action
 from ..harness.tool_calls import openai_tools
 from ..models.base import ChatModel, ChatRequest, GenerationParams, Message
-from .codec import harness_reply
-from .layers import ServedHarness, arguments_text, retry_messages
+from .layers import ServedHarness, arguments_text, harness_reply, retry_messages
 from .record import TraceRecorder, TurnRecord
-from .wire import ChatCompletionRequest, FinalReply, OutgoingCall
+from .sandboxed import Lineage
+from .wire import ChatCompletionRequest, FinalReply, OutgoingCall, to_messages
 
 log = logging.getLogger("ecdysis.serve")
 
@@ -94,10 +94,21 @@ class Proxy:
     async def turn(self, req: ChatCompletionRequest, messages: list[Message], conversation: str,
                    first_turn: bool, model_calls: int, turn_index: int) -> TurnResult:
         """Serve one request. Raises UpstreamError (502) or HarnessRuntimeError (500); the caller records those."""
+        lineage = Lineage.of(messages)  # which sandboxed worker serves this conversation
+        reply: Message | None = None
+        try:
+            result = await self._turn(req, messages, conversation, first_turn, model_calls, turn_index, lineage)
+            reply = to_messages([result.reply.message()])[0]  # as the client will send it back
+            return result
+        finally:
+            await self.harness.end_turn(lineage, reply)
+
+    async def _turn(self, req: ChatCompletionRequest, messages: list[Message], conversation: str,
+                    first_turn: bool, model_calls: int, turn_index: int, lineage: Lineage) -> TurnResult:
         started = time.time()
         clock = time.perf_counter()
         tools = req.tool_specs()
-        prepared = await self.harness.prepare(messages, tools)
+        prepared = await self.harness.prepare(messages, tools, lineage)
         events: list[dict[str, Any]] = []
         if first_turn:
             events.append({"kind": "prompt", "turn": turn_index, "system": prepared.system, "skills": prepared.skills,
@@ -133,7 +144,7 @@ class Proxy:
                            "latency_s": response.latency_s, "cache_hit": response.cache_hit,
                            "retries": response.retries})
             outcome = await self.harness.realize(harness_reply(response.text, calls), tools, model_calls + attempt,
-                                           prepared.task_prompt)
+                                                 prepared.task_prompt, lineage)
             record.repairs += outcome.repairs
             events += [{"kind": "repair", "turn": turn_index, "name": name} for name in outcome.repairs]
             if outcome.reject_rule:

@@ -26,7 +26,7 @@ def build_proxy(harness_dir: Path | str, upstream_ref: str, settings: ServeSetti
     (ModelConfigError for a bad reference or a missing key) unless `upstream` is given, and open the
     recording store (`store_dir` None: nothing is recorded)."""
     s = settings or ServeSettings()
-    harness = ServedHarness(harness_dir, "inprocess" if s.trust_harness_code else "sandbox")
+    harness = ServedHarness(harness_dir, "inprocess" if s.trust_harness_code else "sandbox", s.max_concurrency)
     log.info("harness code: %s", harness.isolation)
     import jsonschema  # noqa: F401 - imported on first use by H2 validation and skill retrieval: not on
     import rank_bm25  # noqa: F401 - a request's clock
