@@ -18,6 +18,7 @@ from ecdysis.agent.trajectory import Trajectory
 from ecdysis.config import load_config
 from ecdysis.models import Message, ScriptedModel
 from ecdysis.store import RunStore
+from ecdysis.trainer.budget import training_spend
 from ecdysis.trainer.compare import (
     ARMS,
     best_of_k,
@@ -36,7 +37,6 @@ from ecdysis.trainer.compare_results import (
     summarize,
     t_critical,
 )
-from ecdysis.trainer.gepa_arm import training_spend
 from ecdysis.trainer.records import CurvePoint
 from ecdysis.workspace import Workspace
 

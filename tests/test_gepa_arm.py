@@ -66,7 +66,7 @@ async def test_gepa_runs_end_to_end_through_our_runner(tmp_path: Path) -> None:
     reflector = Reflector()
     ws = gepa_ws(tmp_path, reflector, "train.rounds=2")  # no shared budget set: rounds x (train + val) = 20
     result = await train_gepa(ws.config, ws)
-    assert result.budget == 20 and result.agent_executions <= result.budget + 6  # one iteration may overshoot
+    assert result.budget.agent_executions == 20 and result.agent_executions <= 20 + 6  # one iteration may overshoot
     assert result.val_before == 0.0 and result.val_after == 1.0  # the seed rejects boxes; the new rule fixes it
     assert result.test_before["accuracy"] == 0.0 and result.test_after["accuracy"] == 1.0
     final = ws.store.load_version(result.final_harness_id)
@@ -100,7 +100,7 @@ async def test_shared_budget_stops_gepa_and_a_rerun_resumes(tmp_path: Path) -> N
     ws = gepa_ws(tmp_path, reflector, "train.budget.agent_executions=10")  # the seed's val (4) and one
     # iteration (parent and child on a minibatch of 3) ...
     result = await train_gepa(ws.config, ws)
-    assert result.budget == 10 and result.stop_reason.startswith("budget spent")
+    assert result.budget.agent_executions == 10 and result.stop_reason.startswith("budget spent")
     assert result.agent_executions == 14  # ... which ends with the accepted child's val evaluation (4)
     assert [p.step for p in result.curve] == [0, 1]
     calls = len(reflector.prompts)

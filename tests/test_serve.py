@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ecdysis.cli.main import app
-from ecdysis.models.base import ChatRequest, ChatResponse, ToolCall, Usage
+from ecdysis.models.base import ChatRequest, ChatResponse, ModelToolCall, Usage
 from ecdysis.serve.proxy import ServeSettings
 from ecdysis.serve.server import background, build_proxy
 
@@ -87,7 +87,7 @@ class Upstream:
             await asyncio.sleep(self.delay_s)
         out = self.script(list(request.messages))
         text, calls = (out, []) if isinstance(out, str) else out
-        return ChatResponse(text=text, tool_calls=[ToolCall(**c) for c in calls],
+        return ChatResponse(text=text, tool_calls=[ModelToolCall(**c) for c in calls],
                             usage=Usage(prompt_tokens=11, completion_tokens=5), latency_s=self.delay_s)
 
 

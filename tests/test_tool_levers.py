@@ -255,7 +255,7 @@ def test_error_answer_is_measured_on_episodes_that_answered_with_the_sql_error(t
 
 
 def test_a_lever_changing_only_failing_episodes_of_every_pattern_skips_the_debate_when_switched_on() -> None:
-    from ecdysis.trainer.proposers.analyst import covering_lever, lever_spec
+    from ecdysis.trainer.candidates import covering_lever, lever_spec
 
     def lever(name: str, gained: int = 0, changed: int = 0, passing: int = 0, lost: int = 0) -> dict:
         return {"lever": f"enable_repair {name}", "repairs": [name], "gained": gained, "lost": lost,

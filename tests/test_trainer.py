@@ -115,9 +115,9 @@ async def test_replay_catches_an_extraction_change_that_breaks_a_passing_task(tm
         "def realize(reply, ctx):\n    m = re.search(r'boxed\\{(\\d+)\\}', reply)\n"
         "    return answer(m.group(1)) if m else Reject('use boxed', rule='boxed')\n")})
     with pytest.raises(CheckFailed, match="lose 1 passing task"):
-        await check_replay(broken, stored, suite, tasks, limits, single_turn=True)
+        await check_replay(broken, stored, suite, tasks, limits)
     repaired = seed_with("gsm8k", **{"repairs.json": '["boxed_answer"]'})
-    report = await check_replay(repaired, stored, suite, tasks, limits, single_turn=True)
+    report = await check_replay(repaired, stored, suite, tasks, limits)
     assert report.gained == ["f"] and report.lost == []
 
 

@@ -107,7 +107,7 @@ async def test_without_bubblewrap_the_external_implementer_is_refused_naming_the
     with pytest.raises(UnconfinedImplementer, match=r"train\.implementer_unconfined = true"):
         ExternalCommand.from_config(train)  # a train run stops before its first round
     with pytest.raises(UnconfinedImplementer, match=r"train\.implementer_unconfined = true"):
-        await implementer(EDIT).build(seed_with("gsm8k"), SPEC, [], single_turn=True)  # not a failed sample
+        await implementer(EDIT).build(seed_with("gsm8k"), SPEC, [])  # not a failed sample
 
 
 async def test_allowed_unconfined_it_runs_warns_and_the_round_records_it(no_bwrap, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -116,7 +116,7 @@ async def test_allowed_unconfined_it_runs_warns_and_the_round_records_it(no_bwra
     external = ExternalCommand.from_config(train)
     assert external is not None
     candidate = await Implementer(None, None, [], None, 1, external).build(  # type: ignore[arg-type]
-        seed_with("gsm8k"), SPEC, [], single_turn=True)
+        seed_with("gsm8k"), SPEC, [])
     assert candidate.version is not None and "Always end with the answer." in candidate.version.files["contract.md"]
     assert "external implementer isolation: unconfined (train.implementer_unconfined = true)" in candidate.applied
     assert "runs with no confinement" in capsys.readouterr().err

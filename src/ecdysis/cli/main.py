@@ -30,6 +30,7 @@ from ..models import (
 from ..runner.failures import GraderFailed
 from ..serve import cli as serve_cli
 from ..store.db import RunDirBusy
+from ..trainer.methods import METHODS, help_text, trainer_methods
 from . import doctor, failure_views, inspect, views
 from .common import (
     ConfigOpt,
@@ -316,7 +317,7 @@ def eval_cmd(
 def train(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    arm: Annotated[str, typer.Option(help="ecdysis (debate) | aggregate (single analyst) | serial")] = "ecdysis",
+    arm: Annotated[str, typer.Option(help=help_text(trainer_methods()))] = "ecdysis",
     env: Annotated[str | None, typer.Option(help="Environment: built-in name or package.module:factory.")] = None,
     harness: Annotated[Path | None, typer.Option(help="Seed harness directory.")] = None,
     user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
@@ -375,8 +376,7 @@ def compare(
     config_arg: Annotated[Path | None, typer.Argument(metavar="[CONFIG]", help="TOML config (same as -c).")] = None,
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    arms: Annotated[str, typer.Option(help="Comma-separated: direct,fixed,serial,aggregate,ecdysis,gepa,best-of-k")] = (
-        "fixed,serial,ecdysis"),
+    arms: Annotated[str, typer.Option(help=f"Comma-separated: {','.join(METHODS)}")] = "fixed,serial,ecdysis",
     seeds: Annotated[int, typer.Option(help="Independent repeats (task selection seeds).")] = 1,
     transfer_model: Annotated[str | None, typer.Option(help="Evaluate every frozen harness with this model.")] = None,
     model: Annotated[str | None, typer.Option(help="Agent model reference (every arm).")] = None,
@@ -416,10 +416,11 @@ def compare(
     views.compare_summary(console, results)
     console.print(f"[dim]compare wall time {time.perf_counter() - start:.0f}s; written {json_path}, {csv_path}, "
                   f"compare_summary.csv/json and curves.csv[/]")
-    arm_list = [a.strip() for a in arms.split(",")]
-    if "best-of-k" in arm_list and "ecdysis" not in arm_list:
-        console.print("[yellow]best-of-k ran without an ecdysis arm: k was not matched to a training budget "
-                      "(k = 1 sample per task); add the ecdysis arm for a fair comparison.[/]")
+    arm_list = [a.strip() for a in arms.split(",") if a.strip()]
+    for name in arm_list:
+        if (of := METHODS[name].spend_of) is not None and of not in arm_list:
+            console.print(f"[yellow]{name} ran without an {of} arm: k was not matched to a training budget "
+                          f"(k = 1 sample per task); add the {of} arm for a fair comparison.[/]")
     if not cfg.cache.isolate_arms:
         console.print("[yellow]cache.isolate_arms = false: later arms reused earlier arms' identical training calls, "
                       "so their training wall times are flattered; compare agent executions instead.[/]")

@@ -238,10 +238,6 @@ def print_json(data: Any) -> None:
     print(json.dumps(data, indent=1, default=str))
 
 
-def _summary(row: dict[str, Any]) -> dict[str, Any]:
-    return json.loads(row["summary"]) if row.get("summary") else {}
-
-
 def run_detail(console: Console, store: RunStore, run: dict[str, Any],
                evaluations: list[dict[str, Any]] | None = None) -> None:
     """Evaluations (`run_evaluations` rows, read from the store unless given) and model calls by role."""

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-class ToolCall(BaseModel):
+class ModelToolCall(BaseModel):
     """A function call the model asked for. `arguments` is the raw JSON text, as the API gives it."""
 
     id: str = ""
@@ -29,7 +29,7 @@ class Message(BaseModel):
 
     role: Role
     content: str = ""
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[ModelToolCall] | None = None
     tool_call_id: str | None = None
 
     def to_openai(self) -> dict[str, Any]:
@@ -79,7 +79,7 @@ class Usage(BaseModel):
 
 class ChatResponse(BaseModel):
     text: str
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ModelToolCall] = Field(default_factory=list)
     finish_reason: str = "stop"
     usage: Usage = Field(default_factory=Usage)
     latency_s: float = 0.0

@@ -22,7 +22,7 @@ from tenacity import (
     wait_random_exponential,
 )
 
-from .base import ChatRequest, ChatResponse, ModelError, ToolCall, Usage
+from .base import ChatRequest, ChatResponse, ModelError, ModelToolCall, Usage
 from .pricing import cost_usd
 from .toolcalls import call_id, split_tool_calls, tool_names_of
 
@@ -176,7 +176,7 @@ class OpenAICompatModel:
         text, calls = choice.message.content or "", []
         for index, c in enumerate(choice.message.tool_calls or []):
             fn = c.function
-            calls.append(ToolCall(id=c.id or call_id(index, fn.name, fn.arguments or ""), name=fn.name,
+            calls.append(ModelToolCall(id=c.id or call_id(index, fn.name, fn.arguments or ""), name=fn.name,
                                   arguments=fn.arguments or "{}"))
         if not calls and request.params.tools:  # servers that return the template's text form
             text, calls = split_tool_calls(text, tool_names_of(request.params.tools))

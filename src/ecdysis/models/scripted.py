@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .base import ChatRequest, ChatResponse, Message, ModelConfigError, ToolCall, Usage
+from .base import ChatRequest, ChatResponse, Message, ModelConfigError, ModelToolCall, Usage
 from .toolcalls import call_id, split_tool_calls, tool_names_of
 
 Responder = Callable[[list[Message]], str | dict[str, Any]]
@@ -82,13 +82,13 @@ class ScriptedModel:
                 raise ValueError("ScriptedModel has no responses")
             reply = self._responses[index % len(self._responses)]
         prompt_tokens = sum(len(m.content.split()) for m in request.messages)
-        calls: list[ToolCall] = []
+        calls: list[ModelToolCall] = []
         if isinstance(reply, dict):
             text = str(reply.get("text", ""))
             for i, c in enumerate(reply.get("tool_calls") or []):
                 args = c.get("arguments", {})
                 raw = args if isinstance(args, str) else json.dumps(args)
-                calls.append(ToolCall(id=call_id(i, c["name"], raw), name=c["name"], arguments=raw))
+                calls.append(ModelToolCall(id=call_id(i, c["name"], raw), name=c["name"], arguments=raw))
         else:
             text = reply
         if request.params.tools and not calls:  # scripts write calls as a template would: <tool_call>{...}

@@ -1,7 +1,7 @@
 """Tool calls written as text by chat templates (Qwen2.5, Hermes: `<tool_call>{...}</tool_call>`).
 
 Backends whose server or template does not parse calls itself use `split_tool_calls` to expose
-them as structured `ToolCall`s, so everything above the model layer sees one shape.
+them as structured `ModelToolCall`s, so everything above the model layer sees one shape.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from .base import Message, ToolCall
+from .base import Message, ModelToolCall
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -21,12 +21,12 @@ def call_id(index: int, name: str, arguments: str) -> str:
     return "call_" + hashlib.sha256(f"{index}:{name}:{arguments}".encode()).hexdigest()[:12]
 
 
-def _as_call(obj: Any, index: int) -> ToolCall | None:
+def _as_call(obj: Any, index: int) -> ModelToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return ToolCall(id=call_id(index, obj["name"], text), name=obj["name"], arguments=text)
+    return ModelToolCall(id=call_id(index, obj["name"], text), name=obj["name"], arguments=text)
 
 
 def _undouble(body: str) -> str:
@@ -42,7 +42,7 @@ def _undouble(body: str) -> str:
     return json.dumps(obj) if not body[end:].strip(" \n}") else body
 
 
-def split_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[str, list[ToolCall]]:
+def split_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[str, list[ModelToolCall]]:
     """Remove `<tool_call>` blocks from `text`; return (remaining text, parsed calls).
 
     Also accepted: a reply that is nothing but the template's call object (tags omitted, braces
@@ -56,14 +56,14 @@ def split_tool_calls(text: str, tool_names: set[str] | None = None) -> tuple[str
             call = None
         if call is not None and call.name in tool_names:
             return "", [call]
-    calls: list[ToolCall] = []
+    calls: list[ModelToolCall] = []
     for index, match in enumerate(_TAGGED.finditer(text)):
         body = _undouble(match.group(1))
         try:
             call = _as_call(json.loads(body), index)
         except json.JSONDecodeError:
             name = re.search(r'"name"\s*:\s*"([^"]+)"', body)
-            call = ToolCall(id=call_id(index, "", body), name=name.group(1) if name else "", arguments=body)
+            call = ModelToolCall(id=call_id(index, "", body), name=name.group(1) if name else "", arguments=body)
         if call is not None:
             calls.append(call)
     if not calls:
@@ -105,7 +105,7 @@ def tool_names_of(tools: list[dict[str, Any]] | None) -> set[str]:
     return {t["function"]["name"] for t in tools or []}
 
 
-def parse_reply_calls(text: str, forced: bool, tool_names: set[str]) -> tuple[str, list[ToolCall]]:
+def parse_reply_calls(text: str, forced: bool, tool_names: set[str]) -> tuple[str, list[ModelToolCall]]:
     """Calls from a local model's reply: a forced reply is one JSON call; otherwise the template's form."""
     if forced:
         try:

@@ -18,7 +18,7 @@ from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..sandbox.host import ChatHandler, UserHandler
 from ..sandbox.view import SandboxView
 from ..sandbox.workers import WorkerPool
-from .executors import Episode, infra_failure, run_here
+from .episode_job import EpisodeJob, infra_failure, run_here
 
 
 def _ray() -> Any:
@@ -50,7 +50,7 @@ class EpisodeWorker:
         await self.outbox.put({**message, "id": key})
         return await future
 
-    async def start(self, episode: Episode, has_user: bool) -> None:
+    async def start(self, episode: EpisodeJob, has_user: bool) -> None:
         async def chat(messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
             return await self._relay({"op": "chat", "messages": messages, "params": params})
 
@@ -100,7 +100,8 @@ class RayExecutor:
     def _actor(self) -> Any:
         return self.ready.pop() if self.ready else self.actor_class.remote()
 
-    async def _attempt(self, actor: Any, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+    async def _attempt(self, actor: Any, episode: EpisodeJob, chat: ChatHandler,
+                       user: UserHandler | None) -> Trajectory:
         await actor.start.remote(episode, user is not None)
         while True:
             message = await asyncio.wait_for(actor.next.remote(), timeout=episode.limits.timeout_s + 120)
@@ -112,7 +113,7 @@ class RayExecutor:
                 reply = await chat(message["messages"], message["params"])
             await actor.respond.remote(message["id"], reply)
 
-    async def run(self, episode: Episode, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
+    async def run(self, episode: EpisodeJob, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
         """Like the local executor: an episode the infrastructure lost (its actor died, or the actor's zygote
         died and it returned `infra_error`) runs again, up to `retries` times, then is recorded as lost."""
         error = ""

@@ -27,7 +27,8 @@ from ..models.cache import MeteredModel
 from ..sandbox.confine import bwrap_path
 from ..sandbox.host import SandboxLimits
 from ..store.db import RunStore
-from .executors import Episode, Executor, LocalExecutor
+from .episode_job import EpisodeJob
+from .executors import Executor, LocalExecutor
 from .failures import FailureCounts, count_failures, grader_error_of
 from .progress import EvalProgress
 from .user_sim import UserSimulator
@@ -56,11 +57,6 @@ class EvalSummary:
     model_retries: int = 0  # retried model requests (429s, 5xx, timeouts, malformed bodies) behind the replies
     cached_prompt_tokens: int = 0  # prompt tokens the backend served from its prefix cache (not processed again)
     failures: FailureCounts = field(default_factory=FailureCounts)  # by kind, each with its first message
-
-    @property
-    def overhead_ratio(self) -> float:
-        """Share of wall time not spent waiting for the model."""
-        return max(self.wall_s - self.model_time_s, 0.0) / self.wall_s if self.wall_s else 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()} | {"failures": self.failures.to_dict()}
@@ -209,10 +205,10 @@ class Runner:
 
         return handle
 
-    def episode(self, harness: HarnessVersion, task: Task, trial: int) -> Episode:
+    def episode(self, harness: HarnessVersion, task: Task, trial: int) -> EpisodeJob:
         """One episode as an executor runs it: the sandbox sees the plugin's code from `plugin_paths`, the
         environment's `sandbox_files` read-only and its `sandbox_hidden` masked (read now: they may change)."""
-        return Episode(harness, self.env_name, self.env_options, task, trial, self.limits, self.plugin_paths,
+        return EpisodeJob(harness, self.env_name, self.env_options, task, trial, self.limits, self.plugin_paths,
                        [str(p) for p in getattr(self.env, "sandbox_hidden", ()) or ()],
                        [str(p) for p in getattr(self.env, "sandbox_files", ()) or ()])
 

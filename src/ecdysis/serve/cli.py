@@ -61,7 +61,7 @@ def train_from_traces(store: Path, harness: Path | None, out: Path | None, as_js
     """`ecdysis train --from-traces STORE`: aggregate scored served conversations, propose and verify an edit
     (`as_json`: the `TracesResult` as JSON on stdout)."""
     from ..store.db import RunDirBusy
-    from .traces import run_from_traces
+    from ..trainer.from_traces import run_from_traces
 
     try:
         result = run_from_traces(store, harness, out)

@@ -357,14 +357,14 @@ def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:
 def retry_messages(reply_text: str, calls: list[dict[str, Any]], outcome: Outcome) -> list[Message]:
     """What the upstream model is told after a rejected or invalid reply: its reply, then the feedback
     (a rejection as a user message; invalid calls as their tool results, the valid ones not run)."""
-    from ..models.base import ToolCall
+    from ..models.base import ModelToolCall
 
     if outcome.reject_rule or not calls:
         return [Message(role="assistant", content=reply_text),
                 Message(role="user", content=outcome.feedback or "Your reply could not be used. Try again.")]
     bad = {a.call_id: message for a, _, message in outcome.invalid}
     out = [Message(role="assistant", content=reply_text,
-                   tool_calls=[ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls])]
+                   tool_calls=[ModelToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for c in calls])]
     for c in calls:
         out.append(Message(role="tool", tool_call_id=c["id"], content=bad.get(
             c["id"], "(not run: another call in this message was invalid; send the corrected calls again)")))

@@ -285,3 +285,17 @@ def find_conversation(store: RunStore, conversation: str, eval_id: str | None = 
             if traj.task_id == conversation:
                 return evaluation["id"], traj
     return None
+
+
+def scored_conversations(store: RunStore) -> list[Trajectory]:
+    """The newest recorded trajectory of every conversation that received an outcome."""
+    scored: set[str] = set()
+    for run in store.runs():
+        if run["kind"] == SERVE_KIND:
+            scored |= {key for key, _ in store.records(run["id"], OUTCOME_KIND)}
+    newest: dict[str, Trajectory] = {}
+    for evaluation in serve_evaluations(store):
+        for traj in store.trajectories(evaluation["id"]):
+            if traj.task_id in scored:
+                newest[traj.task_id] = traj
+    return list(newest.values())

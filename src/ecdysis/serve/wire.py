@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..harness.api import ToolSpec
-from ..models.base import Message, ToolCall
+from ..models.base import Message, ModelToolCall
 
 
 class WireError(ValueError):
@@ -117,7 +117,7 @@ def to_messages(raw: list[dict[str, Any]]) -> list[Message]:
             for c in m["tool_calls"]:
                 fn = c.get("function") or {}
                 args = fn.get("arguments", "{}")
-                calls.append(ToolCall(id=str(c.get("id", "")), name=str(fn.get("name", "")),
+                calls.append(ModelToolCall(id=str(c.get("id", "")), name=str(fn.get("name", "")),
                                       arguments=args if isinstance(args, str) else json.dumps(args)))
         out.append(Message(role=role, content=content_text(m.get("content")), tool_calls=calls,
                            tool_call_id=str(m["tool_call_id"]) if role == "tool" and m.get("tool_call_id") else None))

@@ -236,11 +236,6 @@ class RunStore:
                           (eval_id,))
         return {(r["task_id"], r["trial"]) for r in rows}
 
-    def count_trajectories(self, run_id: str, label: str) -> int:
-        rows = self._rows("SELECT COUNT(*) AS n FROM trajectories t JOIN evaluations e ON t.eval_id = e.id "
-                          "WHERE e.run_id=? AND e.label=?", (run_id, label))
-        return int(rows[0]["n"])
-
     def trajectories(self, eval_id: str) -> list[Trajectory]:
         rows = self._rows("SELECT data FROM trajectories WHERE eval_id=? ORDER BY task_id, trial", (eval_id,))
         return [Trajectory.from_dict(json.loads(r["data"])) for r in rows]

@@ -3,8 +3,6 @@
 from .api import Arm, train, train_async
 from .engine import Engine
 from .records import CurvePoint
-from .trainer import TrainResult
+from .result import TrainResult
 
-Trainer = Engine  # the name earlier code used
-
-__all__ = ["Arm", "CurvePoint", "Engine", "TrainResult", "Trainer", "train", "train_async"]
+__all__ = ["Arm", "CurvePoint", "Engine", "TrainResult", "train", "train_async"]

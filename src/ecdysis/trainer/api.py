@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from rich.console import Console
 
 from ..config import Config, identity_json
 from ..runner.failures import GraderFailed
 from ..workspace import Workspace
-from .budget import AGENT_ROLES
 from .engine import Engine
-from .proposers import PROPOSERS, Proposer, make_proposer
-from .trainer import TrainResult
+from .methods import Method, method, trainer_methods
+from .result import RunCosts, TrainResult
 from .view import TrainView
-
-ARMS_WITH_TRAINER = ("ecdysis", "aggregate", "serial")
 
 
 def config_key(config: Config, suffix: str = "", length: int = 10) -> str:
@@ -39,26 +36,26 @@ def run_id_for(config: Config, arm: str) -> str:
 
 @dataclass(frozen=True)
 class Arm:
-    """A training method: a proposer (by name) run under its own explicit config (budget included)."""
+    """A training method (by name, methods.py) run under its own explicit config (budget included)."""
 
     name: str
     config: Config
 
-    def proposer(self) -> Proposer:
-        return make_proposer(self.name)
+    def method(self) -> Method:
+        return method(self.name)
 
 
 async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Console | None = None,
                       ws: Workspace | None = None) -> TrainResult:
     """Train one arm under `config` (or `arm.config`), resuming a previous run of the same config."""
     spec = arm if isinstance(arm, Arm) else Arm(arm, config)
-    if spec.name not in PROPOSERS:
-        raise ValueError(f"arm {spec.name!r} is not a trainer arm; use one of {tuple(PROPOSERS)}")
+    if spec.name not in trainer_methods():
+        raise ValueError(f"arm {spec.name!r} is not a trainer arm; use one of {trainer_methods()}")
     config = spec.config
     ws = ws or Workspace.open(config)
     run_id = ws.store.start_run("train", config.model_dump(mode="json") | {"arm": spec.name},
                                 run_id=run_id_for(config, spec.name))
-    engine = Engine(ws, run_id, spec.name, config, spec.proposer(), TrainView(console, enabled=console is not None))
+    engine = Engine(ws, run_id, spec.method(), config, TrainView(console, enabled=console is not None))
     seed = engine.ws.harness()
     try:
         final, rounds, stop = await engine.train(seed)
@@ -70,23 +67,13 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
         ws.store.finish_run(run_id, {"arm": spec.name, "stop_reason": f"grader failed: {exc}",
                                      "failures": exc.failures.to_dict()}, status="grader_failed")
         raise
-    timings = dict(ws.store.records(run_id, "timing"))
-    calls = {row["role"]: row for row in ws.store.call_totals(run_id)}
-    agent = calls.get("agent", {})
     result = TrainResult(
         run_id=run_id, arm=spec.name, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
-        rounds=rounds, stop_reason=stop,
+        stop_reason=stop, val_before=val_before, val_after=val_after, test_before=test_before, test_after=test_after,
+        wall_s=spend.wall_s, agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
+        budget=engine.budget, curve=curve, rounds=rounds, accept_rule=engine.accept_rule,
         train_before=curve[0].train_score if curve else None, train_after=engine.score(final, "train"),
-        val_before=val_before, val_after=val_after, accept_rule=engine.accept_rule,
-        test_before=test_before, test_after=test_after,
-        wall_s=spend.wall_s,  # training only, not val/test reporting
-        agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
-        optimizer_calls=sum(row["calls"] for role, row in calls.items() if role not in AGENT_ROLES),
-        optimizer_tokens=spend.optimizer_tokens,
-        agent_tokens=(agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
-        curve=curve, budget=asdict(engine.budget), timings=timings,
-        prompt_cache={role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
-    )
+        **RunCosts.of_run(ws.store, run_id).as_kwargs())
     ws.store.finish_run(run_id, result.to_dict())
     return result
 

@@ -163,7 +163,7 @@ def _regrade(traj: Trajectory, realized: list[dict[str, Any]], env: Environment,
 
 
 async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                        tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                        tasks: dict[str, Task], limits: SandboxLimits,
                         baseline: list[list[dict[str, Any]]] | None = None,
                         rerun: EpisodeRerun | None = None) -> ReplayReport:
     """Re-realize every stored reply with the candidate's H2 (sandboxed, no model calls) and say which
@@ -175,8 +175,8 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
     stored replies when `rerun` is given (exact when it ends without asking anything new; see `rerun.py`),
     else — or when it diverges — it is reported as changed (`changed` if it failed, `changed_passing` if it
     passed), never guessed. With `baseline` (the current harness's replay), `rescued` counts replies per
-    task that were rejected and now realize an action. `single_turn` is kept for callers; whether an episode
-    is text-only is read from the episode itself. Raises CheckFailed if the candidate's code fails."""
+    task that were rejected and now realize an action. Whether an episode is text-only is read from the episode
+    itself. Raises CheckFailed if the candidate's code fails."""
     result = await replay_in_sandbox(candidate.files, _replay_items(trajectories, tasks), limits)
     if "error" in result:
         raise CheckFailed(f"replay failed: {result['error'].strip().splitlines()[-1]}")
@@ -232,11 +232,11 @@ async def replay_report(candidate: HarnessVersion, trajectories: list[Trajectory
 
 
 async def check_replay(candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                       tasks: dict[str, Task], limits: SandboxLimits,
                        rerun: EpisodeRerun | None = None) -> ReplayReport:
     """Re-realize every stored reply with the candidate's H2; fail if a passing task would be lost, or would
     act differently with an outcome replay cannot know."""
-    report = await replay_report(candidate, trajectories, env, tasks, limits, single_turn, rerun=rerun)
+    report = await replay_report(candidate, trajectories, env, tasks, limits, rerun=rerun)
     if report.lost:
         raise CheckFailed(f"replay: the change would lose {len(report.lost)} passing task(s) "
                           f"(e.g. {report.lost[0]}); gained {len(report.gained)}")

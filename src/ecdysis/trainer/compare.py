@@ -1,10 +1,10 @@
 """`ecdysis compare`: every arm on the same tasks, models, cache, store and shared training budget.
 
-Arms are objects built from an explicit config (`build_arms`); no arm changes the workspace's config.
-direct (bare harness), fixed (seed, never changed), serial (per-failure search), aggregate (aggregation +
-one analyst), ecdysis (aggregation + FDCR), gepa (GEPA through the `gepa` package), best-of-k (the fixed
-harness sampled k times per test task, majority vote without gold). The training arms share
-`train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
+Arms are objects built from an explicit config (`build_arms`); no arm changes the workspace's config. The
+arms are the declared methods (methods.py), run in declaration order; how an arm runs follows its method's
+`runs`: evaluate (direct, fixed), engine (serial, serial+library, aggregate, ecdysis), gepa (GEPA through the
+`gepa` package), sample (best-of-k: the fixed harness sampled k times per test task, majority vote without
+gold). The training arms share `train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
 floor(ecdysis's training spend / one sampled pass over the test tasks), both in agent tokens
 (prompt + completion as the model reported them): the spend counts the fresh (non-response-cache) calls of
 ecdysis's training evaluations, its test passes excluded; the pass is one probe pass of the sampled
@@ -17,7 +17,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..agent.trajectory import INFRA_ERROR, Trajectory
@@ -25,26 +25,29 @@ from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
 from ..runner.failures import GraderFailed
 from ..workspace import Workspace
-from .api import ARMS_WITH_TRAINER, config_key, train_async
+from .api import config_key, train_async
+from .budget import agent_tokens, cached
 from .compare_results import ArmResult, add_ratios, write_results
-from .gepa_arm import cached, train_gepa, training_spend
-from .records import CurvePoint
+from .gepa_arm import train_gepa
+from .methods import METHODS, Runs
+from .result import TrainResult
 
-__all__ = ["ARMS", "ArmResult", "Arm", "build_arms", "compare", "write_results"]
-ARMS = ("direct", "fixed", "serial", "aggregate", "ecdysis", "gepa", "best-of-k")
+__all__ = ["ARMS", "ArmResult", "CompareArm", "build_arms", "compare", "write_results"]
+ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
 
 
 @dataclass
 class Context:
-    """What one seed's arms share: the workspace, the transfer model, ecdysis's spend (for best-of-k)."""
+    """What one seed's arms share: the workspace, the transfer model, the training spend (agent tokens) of
+    every arm run so far (best-of-k is matched to ecdysis's)."""
 
     ws: Workspace
     transfer_model: str | None = None
-    ecdysis_spend: int | None = None
+    spend: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
-class Arm:
+class CompareArm:
     """One arm of a compare, with its own config (per-arm cache scope); `run` returns its result and the
     harness it froze."""
 
@@ -77,14 +80,24 @@ def bare_harness(env: str) -> HarnessVersion:
     return version_from_files({"harness.toml": manifest}, origin="direct")
 
 
-def _decisions(curve: list[CurvePoint]) -> tuple[int, int]:
-    """(accepted, rejected) decisions read off a curve (step 0 is the seed, not a decision)."""
-    steps = [p for p in curve if p.step > 0]
-    return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
+def arm_result(result: TrainResult, seed: int) -> ArmResult:
+    """A training arm's row (the engine's arms and gepa report the same `TrainResult`)."""
+    accepted, rejected = result.decisions()
+    test = result.test_after or {}
+    sent = sum(p for p, _ in result.prompt_cache.values())
+    out = ArmResult(
+        result.arm, seed, result.wall_s, result.agent_executions, result.cached_executions, result.optimizer_calls,
+        result.optimizer_tokens, result.training_agent_tokens, accepted, rejected, train_acc=result.train_after,
+        val_acc=result.val_after, test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
+        pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id, stop_reason=result.stop_reason,
+        curve=sorted(result.curve, key=lambda p: p.step),
+        prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
+    out.gap = None if result.train_after is None else result.train_after - out.test_acc
+    return out
 
 
 @dataclass
-class BaselineArm(Arm):
+class BaselineArm(CompareArm):
     """direct / fixed: the bare or the seed harness evaluated on train and test, never changed."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -106,47 +119,21 @@ class BaselineArm(Arm):
 
 
 @dataclass
-class TrainerArm(Arm):
-    """serial / aggregate / ecdysis: the training engine with this arm's config."""
+class TrainerArm(CompareArm):
+    """A method that runs the training loop (serial, serial+library, aggregate, ecdysis), with this arm's config."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        ws, cfg = ctx.ws, self.config
-        result = await train_async(cfg, self.name, ws=ws)
-        curve = sorted(result.curve, key=lambda p: p.step)
-        if curve:
-            accepted, rejected = _decisions(curve)
-        else:  # a run recorded before curves existed
-            edits = [e for r in result.rounds for e in r.attempts()]
-            accepted, rejected = sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
-        test = result.test_after or {}
-        train_after = result.train_after
-        sent = sum(p for p, _ in result.prompt_cache.values())
-        out = ArmResult(
-            self.name, cfg.run.seed, result.wall_s, result.agent_executions,
-            result.cached_executions, result.optimizer_calls, result.optimizer_tokens,
-            training_spend(ws, result.run_id)[2], accepted, rejected, train_acc=train_after, val_acc=result.val_after,
-            test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
-            pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id,
-            stop_reason=result.stop_reason, curve=curve,
-            prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
-        out.gap = None if train_after is None else train_after - out.test_acc
-        return out, ws.store.load_version(result.final_harness_id)
+        result = await train_async(self.config, self.name, ws=ctx.ws)
+        return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
 @dataclass
-class GepaArm(Arm):
+class GepaArm(CompareArm):
     """gepa: GEPA's own loop through our runner (trainer/gepa_arm.py)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        ws, cfg = ctx.ws, self.config
-        r = await train_gepa(cfg, ws)
-        test = r.test_after or {}
-        out = ArmResult(self.name, cfg.run.seed, r.wall_s, r.agent_executions, r.cached_executions,
-                        r.optimizer_calls, r.optimizer_tokens, r.agent_tokens, r.accepted, r.rejected,
-                        train_acc=None, val_acc=r.val_after, test_acc=test.get("accuracy", 0.0),
-                        pass_at_k=test.get("pass_at_k", 0.0), pass_hat_k=test.get("pass_hat_k", 0.0),
-                        harness_id=r.final_harness_id, stop_reason=r.stop_reason, curve=r.curve)
-        return out, ws.store.load_version(r.final_harness_id)
+        result = await train_gepa(self.config, ctx.ws)
+        return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
 def best_of_k(spend: int, per_trial: int) -> int:
@@ -162,8 +149,7 @@ def majority_vote(outcomes: list[Hashable]) -> Hashable | None:
 def episode_tokens(trajectories: list[Trajectory]) -> int:
     """Agent tokens the episodes' calls cost as the model reported them (a response-cache hit reports the
     original call's usage: what running the episode fresh costs)."""
-    return sum(int((e.get("usage") or {}).get("prompt_tokens", 0)) + int((e.get("usage") or {}).get(
-        "completion_tokens", 0)) for t in trajectories for e in t.of_kind("model"))
+    return sum(agent_tokens(t) for t in trajectories)
 
 
 def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[str, Any]) -> float:
@@ -184,7 +170,7 @@ def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[st
 
 
 @dataclass
-class BestOfKArm(Arm):
+class BestOfKArm(CompareArm):
     """best-of-k: the fixed harness sampled k times per test task (test-time scaling at ecdysis's spend)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
@@ -197,10 +183,12 @@ class BestOfKArm(Arm):
         runner = ws.runner(run_id)
         probe = await runner.evaluate(sampled, tasks, 1, "test", "test-probe")
         per_trial = episode_tokens(ws.store.trajectories(probe.eval_id))
-        if ctx.ecdysis_spend is None:
-            ws.store.put_record(run_id, "note", "best-of-k", "no ecdysis arm ran before best-of-k: k = 1, "
+        of = METHODS[self.name].spend_of
+        spend = ctx.spend.get(of) if of else None
+        if spend is None:
+            ws.store.put_record(run_id, "note", self.name, f"no {of} arm ran before {self.name}: k = 1, "
                                 "not matched to a training spend")
-        k_uncapped = best_of_k(ctx.ecdysis_spend or 0, per_trial)
+        k_uncapped = best_of_k(spend or 0, per_trial)
         k = min(k_uncapped, cfg.eval.best_of_k_max)
         summary = await runner.evaluate(sampled, tasks, k, "test", "test")
         voted = [t for t in ws.store.trajectories(summary.eval_id) if t.termination != INFRA_ERROR]
@@ -217,19 +205,21 @@ class BestOfKArm(Arm):
         return result, sampled
 
 
-ARM_CLASSES: dict[str, type[Arm]] = {"direct": BaselineArm, "fixed": BaselineArm, "serial": TrainerArm,
-                                     "aggregate": TrainerArm, "ecdysis": TrainerArm, "gepa": GepaArm,
-                                     "best-of-k": BestOfKArm}
+RUNNERS: dict[Runs, type[CompareArm]] = {"evaluate": BaselineArm, "engine": TrainerArm, "gepa": GepaArm,
+                                  "sample": BestOfKArm}
 
 
-def build_arms(config: Config, names: list[str]) -> list[Arm]:
-    """The named arms in run order (best-of-k after ecdysis: its k needs ecdysis's spend), each with its
-    own config copy. ValueError for an unknown name."""
-    unknown = [a for a in names if a not in ARMS]
+def arm_class(name: str) -> type[CompareArm]:
+    return RUNNERS[METHODS[name].runs]
+
+
+def build_arms(config: Config, names: list[str]) -> list[CompareArm]:
+    """The named arms in declaration order (a method is declared after the one whose spend it is matched to),
+    each with its own config copy. ValueError for an unknown name."""
+    unknown = [a for a in names if a not in METHODS]
     if unknown:
-        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(ARMS)}")
-    assert set(ARMS_WITH_TRAINER) <= set(ARMS)
-    return [ARM_CLASSES[a](a, arm_config(config, a)) for a in ARMS if a in names]
+        raise ValueError(f"unknown arm(s) {unknown}; known: {', '.join(METHODS)}")
+    return [arm_class(a)(a, arm_config(config, a)) for a in METHODS if a in names]
 
 
 async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_model: str | None = None,
@@ -246,8 +236,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
-                if arm.name == "ecdysis":
-                    ctx.ecdysis_spend = result.agent_tokens
+                ctx.spend[arm.name] = result.agent_tokens
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)
@@ -262,7 +251,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
     return results
 
 
-async def _transfer(ws: Workspace, arm: Arm, version: HarnessVersion, model: str) -> float:
+async def _transfer(ws: Workspace, arm: CompareArm, version: HarnessVersion, model: str) -> float:
     """Test accuracy of the arm's frozen harness with a second agent model."""
     seed = arm.config.run.seed
     run_id = f"transfer-{arm.name}-seed{seed}"

@@ -21,10 +21,11 @@ from statistics import mean, stdev
 
 from rich.table import Table
 
+from .methods import trained_methods
 from .records import CurvePoint
 
 CONFIDENCE = 0.95
-TRAINED = ("serial", "aggregate", "ecdysis", "gepa")  # arms with a training curve
+TRAINED = trained_methods()  # arms with a training curve
 
 
 @dataclass

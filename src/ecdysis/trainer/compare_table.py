@@ -15,9 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .compare_results import TRAINED, ArmResult
+from .methods import METHODS
 
 DASH = "–"
-COSTLY = (*TRAINED, "best-of-k")  # arms that spend agent episodes of their own (best-of-k: its samples)
+COSTLY = tuple(n for n, m in METHODS.items() if m.runs != "evaluate")  # arms spending agent episodes of their own
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,8 @@
 """The training engine, written once for every method: collect -> propose -> implement -> check -> validate -> accept.
 
-A method is a proposer (proposers/) plus the shared budget (`[train.budget]`). Round proposers (`aggregate`,
-`ecdysis`) make one step per round; the per-failure proposer (`serial`) one step per failing task of the
-current harness, and after an accepted edit the new harness is evaluated on the training tasks before the
-next target is taken from its failures.
+A method (methods.py) is a schedule (schedules.py: which steps a round takes), a proposer (proposers/: the
+spec of one step, from a narrow context), a candidate policy (candidates.py: the library's measured levers,
+variants and fallbacks) and the shared acceptance rule and budget (`[train.budget]`); the loop is this one.
 
 A step: the proposer's spec (stored), the candidate and its variants built and checked (stored), the variant
 picked on the training tasks (cache-served; `train.engine.screen_batch` screens on a few tasks first), the
@@ -18,7 +17,7 @@ decision a `CurvePoint` is stored. Every step is timed and stored, so a rerun re
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
@@ -26,39 +25,25 @@ from ..harness.manifest import HarnessVersion
 from ..workspace import Workspace
 from . import records
 from .accept import Decision, make_rule
-from .budget import AGENT_ROLES, Budget, Spend
+from .budget import Budget, Spend, optimizer_spend
+from .context import TrainContext
 from .evaluation import Evaluator, Measured
 from .exact import Replays, decide_on_replays
 from .failures import Pattern
+from .fdcr import SpecWriter
+from .history import StepHistory
 from .implement import Candidate
 from .lever_catalog import edits_only_h2
 from .levers import candidate_variants, library_fallback_specs
-from .proposers import Evidence, Proposer, make_proposer
-from .records import CandidateRecord, CurvePoint, DecisionEvidence, RoundRecord, SerialEdit, SpecRecord
+from .methods import Method
+from .proposers import Evidence, Proposal, ProposerContext
+from .records import CandidateRecord, CurvePoint, RoundRecord, SpecRecord
 from .rerun import runner_rerun
+from .schedules import StepOutcome
 from .spec import HarnessSpec
-from .trainer import TrainContext
 from .view import TrainView
 
 WHOLE = "whole spec"
-
-
-@dataclass
-class Outcome:
-    """What one step decided."""
-
-    accepted: bool = False
-    reason: str = ""
-    candidate: str | None = None
-    candidate_score: float | None = None
-    variant: str | None = None
-    variant_scores: dict[str, float | None] = field(default_factory=dict)
-    decided_on: str | None = None
-    taken: bool = True
-    early: bool = False
-    library: str | None = None
-    tried: str | None = None
-    evidence: DecisionEvidence | None = None
 
 
 def changes_nothing(current: HarnessVersion, built: Candidate) -> bool:
@@ -74,10 +59,15 @@ def changes_nothing(current: HarnessVersion, built: Candidate) -> bool:
 class Engine(TrainContext):
     """One training run of one arm: `train(seed)` returns (final harness, round records, stop reason)."""
 
-    def __init__(self, ws: Workspace, run_id: str, arm: str, config: Config | None = None,
-                 proposer: Proposer | None = None, view: TrainView | None = None) -> None:
-        super().__init__(ws, run_id, arm, config, view)
-        self.proposer = proposer or make_proposer(arm)
+    def __init__(self, ws: Workspace, run_id: str, method: Method, config: Config | None = None,
+                 view: TrainView | None = None) -> None:
+        super().__init__(ws, run_id, method.name, config, view)
+        if method.schedule is None or method.proposer is None:
+            raise ValueError(f"{method.name!r} does not run the training loop")
+        self.method, self.schedule, self.proposer = method, method.schedule, method.proposer()
+        self.history = StepHistory(self.store, run_id)
+        self.proposer_context = ProposerContext(SpecWriter(self.store, run_id, self.roles, self.cfg.roles),
+                                                self.cfg, self.train_tasks, self.history)
         t, e = self.cfg.train, self.cfg.train.engine
         self.rule = make_rule(t)
         self.budget = Budget(t.budget.agent_executions, t.budget.optimizer_tokens, t.budget.wall_s)
@@ -93,9 +83,8 @@ class Engine(TrainContext):
         """What the run has spent so far (agent episodes from the registered evaluations, optimizer calls
         from the store, wall time from the timed steps)."""
         run, cached = self.evaluator.executions()
-        roles = [row for row in self.store.call_totals(self.run_id) if row["role"] not in AGENT_ROLES]
-        return Spend(run, cached, sum(row["calls"] for row in roles),
-                     sum((row["prompt_tokens"] or 0) + (row["completion_tokens"] or 0) for row in roles), self.wall_s())
+        optimizer = optimizer_spend(self.store, self.run_id)
+        return Spend(run, cached, optimizer.calls, optimizer.tokens, self.wall_s())
 
     def score(self, version: HarnessVersion, split: str) -> float | None:
         """The harness's stored score on a split, when that evaluation is complete (never a made-up 0)."""
@@ -119,13 +108,6 @@ class Engine(TrainContext):
     def curve(self) -> list[CurvePoint]:
         return sorted((p for _, p in records.load_all(self.store, self.run_id, CurvePoint)), key=lambda p: p.step)
 
-    def rejected_candidates(self) -> set[str]:
-        """Harness ids this run already validated and rejected: the same harness would be decided the same."""
-        rounds = {r.candidate for _, r in records.load_all(self.store, self.run_id, RoundRecord)
-                  if r.candidate and not r.accepted and r.decision_taken}
-        return rounds | {e.harness for _, e in records.load_all(self.store, self.run_id, SerialEdit)
-                         if e.harness and not e.accepted and e.decision_taken}
-
     # the loop ---------------------------------------------------------------------------------------------
     async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
         self.store.save_version(seed, note="seed")
@@ -142,8 +124,7 @@ class Engine(TrainContext):
                 if (spent := self.budget.exhausted(self.spend())) is not None:
                     stop = spent
                     break
-                run = self._serial_round if self.proposer.per_failure else self._round
-                record = await run(r, current)
+                record = await self.schedule.round(self, r, current)
                 records.put(self.store, self.run_id, f"r{r}", record)
             rounds.append(record)
             current = self.store.load_version(record.harness_after)
@@ -151,7 +132,7 @@ class Engine(TrainContext):
                 stop = record.stop
                 break
             rejected = 0 if record.accepted else rejected + 1
-            if not self.proposer.per_failure and limit and rejected >= limit:
+            if self.schedule.stops_after_rejections and limit and rejected >= limit:
                 stop = (f"no edit accepted in {limit} rounds in a row "
                         f"(train.engine.stop_after_rejections = {limit})")
                 break
@@ -165,87 +146,12 @@ class Engine(TrainContext):
         patterns, measurements = await self.grounded_patterns(key, current, trajectories)
         return Evidence(key, r, current, measured, trajectories, patterns, measurements)
 
-    @staticmethod
-    def _record(r: int, ev: Evidence) -> RoundRecord:
-        return RoundRecord(round=r, harness_before=ev.current.id, harness_after=ev.current.id,
-                           train_score=ev.collect.score or 0.0, patterns=len(ev.patterns), recurring=len(ev.recurring))
-
-    def _incomplete(self, measured: Measured) -> str:
-        return self.budget.exhausted(self.spend()) or measured.stopped or "evaluation incomplete"
-
-    async def _round(self, r: int, current: HarnessVersion) -> RoundRecord:
-        key = f"r{r}"
-        ev = await self.collect(key, r, current)
-        self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
-        record = self._record(r, ev)
-        if not ev.collect.complete:
-            return record.model_copy(update={"stop": self._incomplete(ev.collect), "reason": "collect incomplete"})
-        if not ev.recurring:
-            return record.model_copy(update={"stop": "nothing recurring left", "reason": "no recurring pattern"})
-        out = await self.attempt(key, ev, None)
-        after = out.candidate if out.accepted and out.candidate else current.id
-        self.point(key, self.store.load_version(after), out.accepted)
-        stop = None if out.taken else self.budget.exhausted(self.spend())
-        return record.model_copy(update={
-            "candidate": out.candidate, "candidate_score": out.candidate_score, "variant": out.variant,
-            "decided_on": out.decided_on, "accepted": out.accepted, "reason": out.reason, "harness_after": after,
-            "library_candidate": out.library, "decision_taken": out.taken, "early_stopped": out.early,
-            "variant_scores": out.variant_scores, "stop": stop, "evidence": out.evidence})
-
-    async def _serial_round(self, r: int, current: HarnessVersion) -> RoundRecord:
-        key = f"r{r}"
-        ev = await self.collect(key, r, current)
-        self.view.round(r, current.id, ev.collect.score or 0.0, ev.patterns)
-        record = self._record(r, ev)
-        threshold = self.cfg.train.failure_threshold
-        if ev.collect.complete and not ev.collect.failing(threshold):
-            return record.model_copy(update={"stop": "no failures left", "reason": "no failures"})
-        tried: set[str] = set()
-        for i in range(len(self.train_tasks) + 1):
-            edit_key = f"{key}/f{i}"
-            done = records.load(self.store, self.run_id, SerialEdit, edit_key)
-            if done is None:
-                attempted = sum(e.attempted for _, e in records.load_all(self.store, self.run_id, SerialEdit))
-                targets = [t for t in ev.collect.failing(threshold) if t not in tried]
-                if attempted >= self.cfg.train.serial_max_edits:
-                    record.stop = f"serial_max_edits ({self.cfg.train.serial_max_edits}) reached"
-                elif not ev.collect.complete:
-                    record.stop = self._incomplete(ev.collect)
-                elif (spent := self.budget.exhausted(self.spend())) is not None:
-                    record.stop = spent
-                if record.stop is not None or not targets:
-                    break
-                done = await self._serial_edit(edit_key, ev, targets[0])
-                records.put(self.store, self.run_id, edit_key, done)
-            record.edits.append(done)
-            tried.add(done.task)
-            if done.accepted and done.harness is not None:
-                current = self.store.load_version(done.harness)
-                # the per-failure full re-evaluation: the next target is a failure of the new harness
-                ev = await self.collect(f"{key}/f{i + 1}", r, current)
-            elif not done.decision_taken:
-                record.stop = self.budget.exhausted(self.spend()) or done.reason
-                break
-        record.harness_after, record.accepted = current.id, current.id != record.harness_before
-        record.reason = f"{sum(e.accepted for e in record.edits)}/{len(record.edits)} edits accepted"
-        return record
-
-    async def _serial_edit(self, key: str, ev: Evidence, task: str) -> SerialEdit:
-        out = await self.attempt(key, ev, task)
-        self.view.decision(out.accepted, f"serial edit for {task} ({out.variant}): {out.reason}")
-        after = out.candidate if out.accepted and out.candidate else ev.current.id
-        self.point(key, self.store.load_version(after), out.accepted)
-        return SerialEdit(task=task, accepted=out.accepted, reason=out.reason, variant=out.variant,
-                          harness=out.candidate, tried=out.tried, decided_on=out.decided_on,
-                          decision_taken=out.taken, early_stopped=out.early, variant_scores=out.variant_scores,
-                          evidence=out.evidence)
-
     # one step ---------------------------------------------------------------------------------------------
-    async def attempt(self, key: str, ev: Evidence, target: str | None) -> Outcome:
+    async def attempt(self, key: str, ev: Evidence, target: str | None) -> StepOutcome:
         """Propose, implement and check, pick the variant, validate and decide (each part stored under `key`)."""
         spec_record = records.load(self.store, self.run_id, SpecRecord, key)
         if spec_record is None:
-            proposal = await self._timed(f"{key}/spec", lambda: self.proposer.propose(self, ev, key, target))
+            proposal = await self._timed(f"{key}/spec", lambda: self.propose(ev, key, target))
             spec_record = SpecRecord(spec=proposal.spec.model_dump() if proposal.spec else None,
                                      error=proposal.error, source=proposal.source)
             records.put(self.store, self.run_id, key, spec_record)
@@ -253,8 +159,8 @@ class Engine(TrainContext):
         if spec is not None:
             self.view.spec(spec, spec_record.source)
         candidate, versions = await self.candidates(key, ev, spec, spec_record.source, target)
-        out = Outcome(tried=spec.summary() if spec else None,
-                      library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
+        out = StepOutcome(tried=spec.summary() if spec else None,
+                          library=candidate.source.removeprefix("library: ") if candidate.source != "roles" else None)
         replaced = candidate.source != spec_record.source  # the library's fallback, not the spec, was built
         if replaced and versions:
             self.view.note(f"the {'spec above' if spec else 'roles'} gave no new candidate that runs; validating "
@@ -279,31 +185,43 @@ class Engine(TrainContext):
         self.view.decision(out.accepted, f"{what}: {out.reason}")
         return out
 
+    async def propose(self, ev: Evidence, key: str, target: str | None) -> Proposal:
+        """The candidate policy's measured lever when it covers the step's patterns (no role call), else the
+        proposer's spec."""
+        patterns = self.proposer.patterns(self.proposer_context, ev, target)
+        taken = self.method.candidates.measured_spec(self.cfg, patterns, self.history.rejected_specs(ev.round))
+        if taken is not None:
+            spec, lever = taken
+            return Proposal(spec, patterns, source=f"library: {lever.lever} covers every recurring pattern; "
+                            "no role asked", target=target)
+        return await self.proposer.propose(self.proposer_context, ev, key, target)
+
     async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                          target: str | None = None) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:
         """The whole spec's candidate (or the library's fallback when the roles gave nothing that runs) and its
         variants, built and checked once (stored as the step's candidate record)."""
         stored = records.load(self.store, self.run_id, CandidateRecord, key)
         if stored is None:
-            stored = await self._build(key, ev, spec, source, self.proposer.patterns(self, ev, target))
+            patterns = self.proposer.patterns(self.proposer_context, ev, target)
+            stored = await self._build(key, ev, spec, source, patterns)
             records.put(self.store, self.run_id, key, stored)
         versions = {WHOLE: self.store.load_version(stored.harness)} if stored.harness else {}
         versions |= {n: self.store.load_version(h) for n, h in stored.variants.items()}
-        rejected = self.rejected_candidates()  # a harness already decided is never picked or validated again
+        rejected = self.history.rejected_candidates()  # a harness already decided is never picked or validated again
         return stored, {n: v for n, v in versions.items() if v.id not in rejected}
 
     async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                      patterns: list[Pattern]) -> CandidateRecord:
-        implementer, current, single = self.implementer(), ev.current, self.single_turn(ev.current)
+        implementer, current = self.implementer(), ev.current
 
         async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate
-            return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories, single))
+            return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories))
 
         built = await build(spec, "implement") if spec is not None else None
-        used, rejected = spec, self.rejected_candidates()
+        used, rejected = spec, self.history.rejected_candidates()
         weak = built is not None and built.version is not None and (
             built.version.id in rejected or changes_nothing(current, built))
-        if (built is None or built.version is None or weak) and self.proposer.library_fallback:
+        if (built is None or built.version is None or weak) and self.method.candidates.fallback:
             for fallback in library_fallback_specs(patterns):  # no new try: a rejected harness, or a no-op
                 attempt = await build(fallback, "implement")
                 if attempt.version is not None and attempt.version.id not in rejected:
@@ -321,7 +239,7 @@ class Engine(TrainContext):
         if self.ws.cache is None:  # variants are picked on train from the response cache
             return record
         for name, variant_spec in candidate_variants(used, patterns):
-            if not self.proposer.library_variants and not all(c in used.changes for c in variant_spec.changes):
+            if not self.method.candidates.variants and not all(c in used.changes for c in variant_spec.changes):
                 continue  # a baseline validates only parts of its own spec
             sub = await build(variant_spec, "variants")
             seen = {current.id, built.version.id, *record.variants.values(), *rejected}
@@ -362,8 +280,7 @@ class Engine(TrainContext):
         if self.rule.pools_exact_evidence and base.complete and h2_only:
             held = [t for e in base.eval_ids for t in self.store.trajectories(e)] if split == "val" else None
             decided = await self._timed(f"{key}/exact", lambda: decide_on_replays(
-                self.rule, chosen, Replays(self.ws.env, self.runner.limits, self.single_turn(current),
-                                          runner_rerun(self.runner)),
+                self.rule, chosen, Replays(self.ws.env, self.runner.limits, runner_rerun(self.runner)),
                 (trajectories, self.train_tasks), (held, self.evaluator.tasks["val"]), base.score or 0.0))
             if decided is not None:
                 cand = Measured(chosen.id, split, base.expected, trials)

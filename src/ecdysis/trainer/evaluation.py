@@ -1,6 +1,8 @@
 """Training evaluations: one harness on one split, in fixed batches, within the budget, completed or said why not.
 
-The tasks of a split are cut into fixed batches (`train.eval_batch`; one batch when batching is off), and
+The tasks of a split are cut into fixed batches (the acceptance split when `train.engine.early_stop`:
+`train.engine.eval_batch` tasks, default 4 x `run.concurrency`; the train split: `train.engine.screen_batch`
+tasks when screening is on; otherwise one batch), and
 each batch is one runner evaluation with a stable id, so a stopped evaluation is resumed or completed later
 by running only its missing batches, and the same harness on the same split always reuses what ran.
 Between batches the evaluation stops when the budget is spent or when a `stop` predicate (early-stopped

@@ -37,11 +37,11 @@ class SplitReplay:
 
 
 async def replay_split(split: str, candidate: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                       tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool,
+                       tasks: dict[str, Task], limits: SandboxLimits,
                        rerun: EpisodeRerun | None) -> SplitReplay | None:
     """The replay of one split; None when the candidate's code fails in replay."""
     try:
-        report = await replay_report(candidate, trajectories, env, tasks, limits, single_turn, rerun=rerun)
+        report = await replay_report(candidate, trajectories, env, tasks, limits, rerun=rerun)
     except CheckFailed:
         return None
     return SplitReplay(split, len({t.task_id for t in trajectories}), len(trajectories), report.gained, report.lost,
@@ -50,12 +50,11 @@ async def replay_split(split: str, candidate: HarnessVersion, trajectories: list
 
 @dataclass(frozen=True)
 class Replays:
-    """What replaying needs: the environment (grading), sandbox limits, whether episodes are single-turn, and the
+    """What replaying needs: the environment (grading), sandbox limits and the
     re-run of tool and conversation episodes with their stored replies."""
 
     env: Environment
     limits: SandboxLimits
-    single_turn: bool
     rerun: EpisodeRerun | None
 
 
@@ -68,7 +67,7 @@ async def decide_on_replays(rule: AcceptanceRule, candidate: HarnessVersion, rep
     async def replay(split: str, episodes: list[Trajectory], tasks: list[Task]) -> SplitReplay | None:
         done = [t for t in episodes if t.termination != INFRA_ERROR]
         return await replay_split(split, candidate, done, replays.env, {t.id: t for t in tasks}, replays.limits,
-                                  replays.single_turn, replays.rerun)
+                                  replays.rerun)
 
     on_train = await replay("train", *train)
     on_held = await replay("val", held[0], held[1]) if held[0] is not None else None

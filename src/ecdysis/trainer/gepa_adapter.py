@@ -23,6 +23,7 @@ from ..harness.skills import parse_skills
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..runner.runner import Runner
+from .budget import cached
 from .checks import CheckFailed, check_static
 from .failures import failure_record
 
@@ -34,11 +35,6 @@ TEXT = 700  # characters of task text / reply shown to the reflection LM
 
 class GepaStopped(RuntimeError):
     """The event loop side is gone (cancelled or finished): the GEPA thread stops at its next call."""
-
-
-def cached(traj: Trajectory) -> bool:
-    """An episode served entirely from the response cache (it made model calls, all of them hits)."""
-    return traj.model_calls > 0 and traj.cache_hits >= traj.model_calls
 
 
 # ---- components <-> harness ------------------------------------------------------------------------------

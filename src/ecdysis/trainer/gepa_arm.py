@@ -24,17 +24,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..agent.trajectory import INFRA_ERROR
 from ..config import Config
-from ..harness.manifest import HarnessVersion
-from ..models.base import ChatRequest, ChatResponse, GenerationParams
-from ..models.cache import MeteredModel
+from ..models.base import GenerationParams
 from ..workspace import Workspace
 from . import records
 from .api import run_id_for
-from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, cached, in_thread, text_components
+from .budget import Budget, optimizer_spend, training_spend
+from .context import arm_workspace, freeze_and_test, metered_role
+from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, in_thread, text_components
 from .records import CurvePoint
-from .trainer import arm_workspace
+from .result import RunCosts, TrainResult
 
 ROLE = "reflector"
 STALL_ITERATIONS = 5  # stop after this many GEPA iterations in a row that ran no agent episode
@@ -119,59 +118,11 @@ class CurveRecorder:
 
 
 @dataclass
-class GepaResult:
-    """What the gepa arm reports (the same cost fields as a trainer arm's TrainResult)."""
+class GepaResult(TrainResult):
+    """The gepa arm's result: every arm's fields, and GEPA's own."""
 
-    run_id: str
-    seed_harness_id: str
-    final_harness_id: str
-    frozen_dir: Path
-    stop_reason: str
-    budget: int
-    candidates: int
-    accepted: int  # GEPA iterations whose proposal entered the candidate pool
-    rejected: int  # iterations whose proposal did not (or that proposed nothing)
-    refused: int  # candidates the static checks refused (never run)
-    val_before: float | None
-    val_after: float | None
-    test_before: dict[str, Any] | None
-    test_after: dict[str, Any] | None
-    wall_s: float
-    agent_executions: int
-    cached_executions: int
-    optimizer_calls: int
-    optimizer_tokens: int
-    agent_tokens: int  # fresh agent tokens of the training evaluations (test passes excluded)
-    curve: list[CurvePoint] = field(default_factory=list)
-    train_after: float | None = None  # GEPA never evaluates a candidate on the whole train split
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()} | {
-            "curve": [p.model_dump(mode="json") for p in self.curve], "arm": ARM}
-
-
-def training_spend(ws: Workspace, run_id: str) -> tuple[int, int, int]:
-    """(episodes actually run, cache-served episodes, fresh agent tokens) over a run's non-test evaluations."""
-    fresh = served = tokens = 0
-    for ev in ws.store.evaluations(run_id):
-        if ev["split"] == "test" or (ev["label"] or "").startswith("test"):
-            continue
-        for t in ws.store.trajectories(ev["id"]):
-            if t.termination == INFRA_ERROR:
-                continue
-            served += cached(t)
-            fresh += not cached(t)
-            tokens += sum(int((e.get("usage") or {}).get("prompt_tokens", 0))
-                          + int((e.get("usage") or {}).get("completion_tokens", 0))
-                          for e in t.of_kind("model") if not e.get("cache_hit"))
-    return fresh, served, tokens
-
-
-def optimizer_spend(ws: Workspace, run_id: str) -> tuple[int, int]:
-    """(calls, fresh tokens) of the run's optimizer roles (everything but the agent and the simulated user)."""
-    rows = [r for r in ws.store.call_totals(run_id) if r["role"] not in ("agent", "user")]
-    return (sum(r["calls"] for r in rows),
-            sum((r["prompt_tokens"] or 0) + (r["completion_tokens"] or 0) for r in rows))
+    candidates: int = 0  # candidates in GEPA's pool at the end
+    refused: int = 0  # candidates the static checks refused (never run)
 
 
 class GepaRun:
@@ -181,8 +132,9 @@ class GepaRun:
         self.ws, self.config, self.run_id, self.val_is_train = ws, config, run_id, val_is_train
         self.wall_before = float(ws.store.get_record(run_id, "timing", "gepa/optimize") or 0.0)
         self.start = time.perf_counter()
-        self.executions_before, self.cached_before, _ = training_spend(ws, run_id)
-        self.tokens_before = optimizer_spend(ws, run_id)[1]
+        before = training_spend(ws.store, run_id)
+        self.executions_before, self.cached_before = before.run, before.served
+        self.tokens_before = optimizer_spend(ws.store, run_id).tokens
         self.adapter: RunnerAdapter | None = None
 
     def wall(self) -> float:
@@ -193,26 +145,19 @@ class GepaRun:
         if only_new and records.load(self.ws.store, self.run_id, CurvePoint, key) is not None:
             return
         a = self.adapter
-        calls, tokens = optimizer_spend(self.ws, self.run_id)
+        optimizer = optimizer_spend(self.ws.store, self.run_id)
         records.put(self.ws.store, self.run_id, key, CurvePoint(
             arm=ARM, step=step, harness_id=harness_id, val_score=None if self.val_is_train else val,
             train_score=val if self.val_is_train else None, wall_s=self.wall(),
             agent_executions=self.executions_before + (a.fresh if a else 0),
             cached_executions=self.cached_before + (a.cached if a else 0),
-            optimizer_calls=calls, optimizer_tokens=tokens, accepted=accepted))
+            optimizer_calls=optimizer.calls, optimizer_tokens=optimizer.tokens, accepted=accepted))
         self.ws.store.put_record(self.run_id, "timing", "gepa/optimize", self.wall())
 
     def reflection_model(self, bridge: LoopBridge) -> ReflectionModel:
+        """GEPA's reflection LM: the moderator's model, accounted as role `reflector`."""
         cfg = self.config
-        shared = self.ws.model(cfg.role_model("moderator"), role=ROLE, cache_scope=cfg.cache.training_scope)
-
-        def record(role: str, request: ChatRequest, response: ChatResponse) -> None:
-            self.ws.store.record_call(self.run_id, None, role, response.model_id, response.usage.prompt_tokens,
-                                      response.usage.completion_tokens, response.latency_s, response.cost_usd,
-                                      response.cache_hit, response.usage.cached_tokens)
-
-        model = MeteredModel(shared.model, cache=shared.cache, role=ROLE, scope=shared.scope,
-                             listeners=[*shared.listeners, record])
+        model = metered_role(self.ws, cfg, self.run_id, ROLE, model_of="moderator")
         return ReflectionModel(bridge, model, GenerationParams(temperature=cfg.roles.temperature,
                                                                max_tokens=cfg.roles.spec_max_tokens))
 
@@ -275,27 +220,18 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
     result = await in_thread(optimize, bridge)
     store.put_record(run_id, "timing", "gepa/optimize", run.wall())
     final = store.load_version(adapter.harness_id(result.candidates[result.best_idx]))
-    frozen = final.write(cfg.run.run_dir / "frozen" / final.id)
-    test_runner = ws.runner(run_id)
-    test_tasks = ws.tasks("test", cfg.train.test_limit)  # loaded only now: GEPA never saw the test split
-
-    async def test(version: HarnessVersion) -> dict[str, Any]:
-        return (await test_runner.evaluate(version, test_tasks, cfg.eval.trials, "test", "test")).to_dict()
-
-    test_before, test_after = await test(seed), await test(final)
-    executions, served, agent_tokens = training_spend(ws, run_id)
-    calls, tokens = optimizer_spend(ws, run_id)
+    frozen, test_before, test_after = await freeze_and_test(ws, cfg, run_id, seed, final)
+    spent = training_spend(store, run_id)
     scores = result.val_aggregate_scores
     curve = sorted((p for _, p in records.load_all(store, run_id, CurvePoint)), key=lambda p: p.step)
     out = GepaResult(
-        run_id=run_id, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
-        stop_reason=stopper.reason or "GEPA's metric-call budget spent", budget=budget,
-        candidates=len(result.candidates), accepted=sum(p.accepted for p in curve),
-        rejected=sum(not p.accepted for p in curve if p.step > 0), refused=adapter.rejected,
+        run_id=run_id, arm=ARM, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
+        stop_reason=stopper.reason or "GEPA's metric-call budget spent",
         val_before=scores[0] if val_tasks else None, val_after=scores[result.best_idx] if val_tasks else None,
         test_before=test_before, test_after=test_after,
         wall_s=float(store.get_record(run_id, "timing", "gepa/optimize") or 0.0),
-        agent_executions=executions, cached_executions=served, optimizer_calls=calls, optimizer_tokens=tokens,
-        agent_tokens=agent_tokens, curve=curve)
+        agent_executions=spent.run, cached_executions=spent.served,
+        budget=Budget(budget, cfg.train.budget.optimizer_tokens, cfg.train.budget.wall_s), curve=curve,
+        candidates=len(result.candidates), refused=adapter.rejected, **RunCosts.of_run(store, run_id).as_kwargs())
     store.finish_run(run_id, out.to_dict())
     return out

@@ -210,8 +210,7 @@ class Implementer:
                 raise CheckFailed(f"the implementer's copy of the harness was refused: {rel} {exc.problem} "
                                   "(harness files must be regular files inside the harness folder)") from None
 
-    async def build(self, current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
-                    single_turn: bool) -> Candidate:
+    async def build(self, current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory]) -> Candidate:
         tasks = {t.id: t for t in self.train_tasks}
         base_files, notes = apply_structured(current, spec, trajectories, tasks)
         code_changes = [c for c in spec.changes if not LEVERS[c.kind].apply]  # the implementer writes these
@@ -233,7 +232,7 @@ class Implementer:
                     raise CheckFailed("the candidate is identical to the current harness")
                 if edits_only_h2(current, version.files):
                     candidate.replay = await check_replay(version, trajectories, self.env, tasks, self.limits,
-                                                          single_turn, self.rerun)
+                                                          self.rerun)
                 candidate.version = version
                 candidate.attempts.append({"sample": sample, "ok": True,
                                            "replay": candidate.replay.to_dict() if candidate.replay else None})

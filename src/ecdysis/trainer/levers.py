@@ -75,7 +75,7 @@ def _with_repairs(current: HarnessVersion, names: list[str]) -> HarnessVersion:
 
 
 async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory], env: Environment,
-                          tasks: dict[str, Task], limits: SandboxLimits, single_turn: bool = True,
+                          tasks: dict[str, Task], limits: SandboxLimits,
                           rerun: EpisodeRerun | None = None) -> list[Measurement]:
     """Replay each repair not yet enabled, then the useful ones together. No model calls. With `rerun`
     (`rerun.runner_rerun(runner)`), changed tool and multi-turn episodes are re-run with their stored
@@ -83,7 +83,7 @@ async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory
     if not trajectories:
         return []
     try:
-        baseline = (await replay_report(current, trajectories, env, tasks, limits, single_turn)).raw
+        baseline = (await replay_report(current, trajectories, env, tasks, limits)).raw
     except CheckFailed:
         baseline = None
     enabled = set(json.loads(current.files.get(REPAIRS_FILE) or "[]"))
@@ -93,7 +93,7 @@ async def measure_repairs(current: HarnessVersion, trajectories: list[Trajectory
         m = Measurement(names)
         try:
             report = await replay_report(_with_repairs(current, names), trajectories, env, tasks, limits,
-                                         single_turn, baseline, rerun)
+                                         baseline, rerun)
         except CheckFailed as exc:
             m.error = str(exc)
             return m

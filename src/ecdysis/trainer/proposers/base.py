@@ -1,25 +1,28 @@
-"""What a proposer gets (the evidence of one step) and gives back (a proposal), and its interface.
+"""What a proposer gets (a narrow context and the evidence of one step), what it gives back (a proposal), and
+its interface.
 
-A method is a proposer plus the shared budget: the engine runs collect -> propose -> implement -> check ->
-validate -> accept the same way for every proposer; a proposer only decides which failures a step targets
-and turns the evidence into one harness modification spec.
+A proposer never sees the engine: it reads the role models (through the spec writer), the settings, the
+training tasks and the run's history of earlier attempts (`ProposerContext`), and turns the evidence of one
+step into one harness modification spec. Which failures a step targets is the method's schedule
+(trainer/schedules.py); which library candidates go next to the spec is its candidate policy
+(trainer/candidates.py).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ...agent.trajectory import Trajectory
+from ...config import Config
+from ...envs.base import Task
 from ...harness.manifest import HarnessVersion
 from ..evaluation import Measured
-from ..failures import Pattern
+from ..evidence import Pattern
+from ..fdcr import SpecWriter
+from ..history import StepHistory
 from ..levers import Measurement
 from ..spec import HarnessSpec
-
-if TYPE_CHECKING:
-    from ..engine import Engine
 
 
 @dataclass
@@ -39,6 +42,17 @@ class Evidence:
         return [p for p in self.patterns if p.classification == "recurring"]
 
 
+@dataclass(frozen=True)
+class ProposerContext:
+    """What a proposer may use: the roles (through the writer, which stores their transcripts), the settings,
+    the training tasks (their gold answers ground failures) and what the run tried before."""
+
+    writer: SpecWriter
+    settings: Config
+    train_tasks: list[Task]
+    history: StepHistory
+
+
 @dataclass
 class Proposal:
     """One spec for one step (None: the proposer gave nothing valid, `error` says why)."""
@@ -48,22 +62,18 @@ class Proposal:
     error: str = ""
     source: str = "roles"  # "roles", or "library: ..." when the library wrote the spec (no role asked, or none
     # of the roles' output was usable)
-    target: str | None = None  # serial: the failing task this edit is for
+    target: str | None = None  # per-failure schedule: the failing task this step is for
 
 
 class Proposer(ABC):
-    """Turns evidence into a spec. `per_failure`: one step per failed task (else one step per round)."""
+    """Turns the evidence of one step into a spec."""
 
     name: str = ""
-    per_failure: bool = False
-    library_fallback: bool = True  # try the library's own specs when the roles give nothing that runs
-    library_variants: bool = True  # validate library variants (e.g. a measured lever) next to the spec; else
-    # only variants made of the spec's own changes (its repairs alone)
 
-    def patterns(self, engine: Engine, evidence: Evidence, target: str | None) -> list[Pattern]:
+    def patterns(self, ctx: ProposerContext, evidence: Evidence, target: str | None) -> list[Pattern]:
         """The patterns a step's spec is written for (deterministic: a resumed step rebuilds them)."""
         return evidence.patterns
 
     @abstractmethod
-    async def propose(self, engine: Engine, evidence: Evidence, key: str, target: str | None) -> Proposal:
-        """The spec for step `key` (stored by the caller; `target` only for per-failure proposers)."""
+    async def propose(self, ctx: ProposerContext, evidence: Evidence, key: str, target: str | None) -> Proposal:
+        """The spec for step `key` (stored by the caller; `target`: the failing task of a per-failure step)."""

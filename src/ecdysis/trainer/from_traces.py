@@ -30,18 +30,18 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Score, Task
 from ..harness.manifest import HarnessVersion, load_harness
 from ..sandbox.host import SandboxLimits
+from ..serve.record import scored_conversations
 from ..store.db import DB_NAME, RunStore
-from ..trainer.checks import CheckFailed, check_replay, check_static
-from ..trainer.failures import aggregate, failure_record
-from ..trainer.implement import apply_structured
-from ..trainer.levers import Measurement, measure_repairs, model_call_levers
-from ..trainer.spec import Change, HarnessSpec
-from .record import OUTCOME_KIND, SERVE_KIND, serve_evaluations
+from .checks import CheckFailed, check_replay, check_static
+from .failures import aggregate, failure_record
+from .implement import apply_structured
+from .levers import Measurement, measure_repairs, model_call_levers
+from .spec import Change, HarnessSpec
 
 RECORDED = "recorded conversation (served traffic)"  # marks a conversation task for replay
 
 
-class Proposal(BaseModel):
+class TracesProposal(BaseModel):
     """One proposed edit: verified by replay (H2) or unvalidated (needs agent runs)."""
 
     pattern: str
@@ -61,7 +61,7 @@ class TracesResult(BaseModel):
     skipped: int = 0  # scored conversations served by another harness version
     patterns: list[dict[str, Any]] = Field(default_factory=list)
     measurements: list[dict[str, Any]] = Field(default_factory=list)
-    proposals: list[Proposal] = Field(default_factory=list)
+    proposals: list[TracesProposal] = Field(default_factory=list)
     spec: dict[str, Any] | None = None
     candidate_id: str | None = None
     replay: dict[str, Any] | None = None
@@ -81,20 +81,6 @@ class _Traffic:
 
     def grade(self, task: Task, answer: str | None, final_state: dict[str, Any]) -> Score:
         raise RuntimeError("recorded conversations cannot be regraded")
-
-
-def scored_conversations(store: RunStore) -> list[Trajectory]:
-    """The newest recorded trajectory of every conversation that received an outcome."""
-    scored: set[str] = set()
-    for run in store.runs():
-        if run["kind"] == SERVE_KIND:
-            scored |= {key for key, _ in store.records(run["id"], OUTCOME_KIND)}
-    newest: dict[str, Trajectory] = {}
-    for evaluation in serve_evaluations(store):
-        for traj in store.trajectories(evaluation["id"]):
-            if traj.task_id in scored:
-                newest[traj.task_id] = traj
-    return list(newest.values())
 
 
 def _task(traj: Trajectory) -> Task:
@@ -140,7 +126,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
     records = [failure_record(t, "") for t in trajectories if not t.passed]
     patterns = aggregate(records, outcomes)
     env = _Traffic()
-    measurements = await measure_repairs(current, trajectories, env, tasks, limits, False)  # type: ignore[arg-type]
+    measurements = await measure_repairs(current, trajectories, env, tasks, limits)  # type: ignore[arg-type]
     result.measurements = [{"repairs": m.repairs, "changed_failing": m.changed, "rescued": m.rescued,
                             "lost": m.lost, "changed_passing": getattr(m, "changed_passing", []), "error": m.error}
                            for m in measurements]
@@ -158,7 +144,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
             hit = _touches(best, own)
             evidence = (f"replay: acts differently in {len(hit)}/{len(own)} failing conversations of {p.id}, "
                         "changes no passing conversation")
-            result.proposals.append(Proposal(pattern=p.id, layer="H2", lever=f"enable_repair {best.repairs[0]}",
+            result.proposals.append(TracesProposal(pattern=p.id, layer="H2", lever=f"enable_repair {best.repairs[0]}",
                                              validated=False, evidence=evidence))
             if all(c.repair != best.repairs[0] for c in changes) and len(changes) < 3:
                 changes.append(Change(layer="H2", kind="enable_repair", repair=best.repairs[0],
@@ -166,7 +152,7 @@ async def train_from_traces(store_dir: Path | str, harness_dir: Path | str | Non
                 addressed.append(p.id)
             continue
         for lever in [*model_call_levers(p, trajectories, tasks), *p.levers][:4]:
-            result.proposals.append(Proposal(pattern=p.id, layer=p.layer, lever=lever, validated=False,
+            result.proposals.append(TracesProposal(pattern=p.id, layer=p.layer, lever=lever, validated=False,
                                              evidence="needs agent runs: validate on an environment "
                                                       "(`ecdysis train -c CONFIG --harness DIR`)"))
     out = Path(out_dir) if out_dir is not None else store_dir / "from-traces" / time.strftime("%Y%m%d-%H%M%S")
@@ -203,7 +189,7 @@ async def _verify(current: HarnessVersion, spec: HarnessSpec, trajectories: list
     result.notes += notes
     try:
         candidate = check_static(current, files, [])
-        report = await check_replay(candidate, trajectories, env, tasks, limits, False)  # type: ignore[arg-type]
+        report = await check_replay(candidate, trajectories, env, tasks, limits)  # type: ignore[arg-type]
     except CheckFailed as exc:
         result.notes.append(f"candidate rejected by its checks: {exc}")
         return

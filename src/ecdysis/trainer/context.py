@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,48 +26,45 @@ from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach, measure_repairs, measurement_records
-from .records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
+from .records import AcceptRule
 from .rerun import runner_rerun
 from .sizing import advise
-from .spec import HarnessSpec
 from .view import TrainView
 
 T = TypeVar("T")
 ROLES = (*DEBATE_ROLES, "moderator", "implementer")
 
 
-@dataclass
-class TrainResult:
-    run_id: str
-    arm: str
-    seed_harness_id: str
-    final_harness_id: str
-    frozen_dir: Path
-    rounds: list[RoundRecord]
-    stop_reason: str
-    train_before: float | None
-    train_after: float | None  # None: the final harness has no complete train evaluation (never a made-up 0)
-    val_before: float | None  # None when the environment has no val tasks
-    val_after: float | None
-    accept_rule: AcceptRule
-    test_before: dict[str, Any] | None
-    test_after: dict[str, Any] | None
-    wall_s: float
-    agent_executions: int  # training episodes actually run (cache-served ones are `cached_executions`)
-    optimizer_calls: int
-    optimizer_tokens: int
-    agent_tokens: int
-    cached_executions: int = 0
-    curve: list[CurvePoint] = field(default_factory=list)  # point 0: the seed; then one per decision
-    budget: dict[str, Any] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)
-    prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
+def metered_role(ws: Workspace, config: Config, run_id: str, role: str, model_of: str | None = None) -> MeteredModel:
+    """A run's client for an optimizer role (the model configured for `model_of`, default the role itself): the
+    workspace's backend and cache, every call recorded in the run's accounting under `role`."""
+    shared = ws.model(config.role_model(model_of or role), role=role, cache_scope=config.cache.training_scope)
 
-    def to_dict(self) -> dict[str, Any]:
-        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
-        return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds],
-                      "accept_rule": self.accept_rule.model_dump(mode="json"),
-                      "curve": [p.model_dump(mode="json") for p in self.curve]}
+    def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
+        ws.store.record_call(run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
+                             response.usage.completion_tokens, response.latency_s, response.cost_usd,
+                             response.cache_hit, response.usage.cached_tokens)
+
+    return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
+                        listeners=[*shared.listeners, record])
+
+
+async def freeze_and_test(ws: Workspace, config: Config, run_id: str, seed: HarnessVersion, final: HarnessVersion,
+                          timed: Callable[[str, Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None,
+                          test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
+    """Write the frozen harness and evaluate it (and the seed) on the held-out test split, loaded only now: no
+    optimizer role can have seen it. `timed` wraps each evaluation (the engine times its steps)."""
+    frozen = final.write(config.run.run_dir / "frozen" / final.id)
+    test_tasks, runner = ws.tasks("test", config.train.test_limit), ws.runner(run_id)
+
+    async def test(version: HarnessVersion) -> dict[str, Any]:
+        return (await runner.evaluate(version, test_tasks, config.eval.trials, "test", "test")).to_dict()
+
+    async def run(key: str, version: HarnessVersion) -> dict[str, Any]:
+        return await (timed(key, lambda: test(version)) if timed else test(version))
+
+    before = await run("test/seed", seed) if test_seed else None
+    return frozen, before, await run("test/final", final)
 
 
 def outcomes(trajectories: list[Trajectory]) -> dict[str, tuple[int, int]]:
@@ -99,7 +95,6 @@ class TrainContext:
         self.store = self.ws.store
         self.view = view or TrainView(enabled=False)
         self.runner: Runner = self.ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
-        self.test_runner: Runner = self.ws.runner(run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = self.ws.tasks("train", self.cfg.train.train_limit)
         for split, n in (("train", len(self.train_tasks)), ("test", len(self.ws.tasks("test", 1)))):
@@ -147,52 +142,14 @@ class TrainContext:
     def accept_split(self) -> str:
         return "val" if self.val_tasks else "train"
 
-    def _earlier_rounds(self, r: int) -> Iterator[tuple[int, RoundRecord | None, SpecRecord | None]]:
-        """Rounds 1 .. r-1 as stored: (round, its decision, its spec)."""
-        for k in range(1, r):
-            yield (k, records.load(self.store, self.run_id, RoundRecord, f"r{k}"),
-                   records.load(self.store, self.run_id, SpecRecord, f"r{k}"))
-
-    def earlier_attempts(self, r: int) -> str:
-        """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
-        lines = []
-        for k, decision, spec in self._earlier_rounds(r):
-            changes = HarnessSpec.model_validate(spec.spec).summary() if spec and spec.spec else ""
-            verdict = "accepted" if decision and decision.accepted else "rejected"
-            reason = (decision.reason or "") if decision else ""
-            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
-        return "\n".join(lines)
-
-    def rejected_specs(self, r: int) -> set[str]:
-        """Summaries of the specs earlier rounds (1 .. r-1) had rejected."""
-        return {HarnessSpec.model_validate(spec.spec).summary() for _, decision, spec in self._earlier_rounds(r)
-                if decision is not None and not decision.accepted and spec is not None and spec.spec is not None}
-
     def implementer(self) -> Implementer:
         """Builds candidates from specs: the implementer role, or the configured external command."""
         return Implementer(self.roles["implementer"], self.ws.env, self.train_tasks, self.runner.limits,
                            self.cfg.train.implement_attempts, ExternalCommand.from_config(self.cfg.train),
                            rerun=runner_rerun(self.runner))
 
-    def single_turn(self, harness: HarnessVersion) -> bool:
-        """True when the harness offers none of the environment's tools (replay can regrade answers)."""
-        offered = harness.manifest.tools
-        names = tuple(getattr(self.ws.env, "tool_names", ()))
-        if getattr(self.ws.env, "conversational", False):
-            return False
-        return not set(names) & set(names if offered is None else offered)
-
     def _role_model(self, role: str) -> MeteredModel:
-        """This run's client for a role: the workspace's backend and cache, this run's accounting."""
-        shared = self.ws.model(self.cfg.role_model(role), role=role, cache_scope=self.cfg.cache.training_scope)
-
-        def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
-            self.store.record_call(self.run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
-                                   response.usage.completion_tokens, response.latency_s, response.cost_usd,
-                                   response.cache_hit, response.usage.cached_tokens)
-
-        return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
-                            listeners=[*shared.listeners, record])
+        return metered_role(self.ws, self.cfg, self.run_id, role)
 
     def wall_s(self) -> float:
         """Training wall time so far: the finished timed steps plus the one running."""
@@ -236,7 +193,7 @@ class TrainContext:
             measurements = [Measurement.from_record(m) for m in same]
         else:
             measurements = await self._timed(f"{key}/measure", lambda: measure_repairs(
-                current, trajectories, self.ws.env, tasks, self.runner.limits, self.single_turn(current),
+                current, trajectories, self.ws.env, tasks, self.runner.limits,
                 rerun=runner_rerun(self.runner)))
             self.store.put_record(self.run_id, "measurements", f"harness/{current.id}",
                                   measurement_records(measurements))
@@ -247,14 +204,5 @@ class TrainContext:
 
     async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
                               test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:
-        """Write the frozen harness and evaluate it (and the seed) on the held-out test split."""
-        frozen = final.write(self.cfg.run.run_dir / "frozen" / final.id)
-        test_tasks = self.ws.tasks("test", self.cfg.train.test_limit)
-        trials = self.cfg.eval.trials
-
-        async def test(version: HarnessVersion) -> dict[str, Any]:
-            return (await self.test_runner.evaluate(version, test_tasks, trials, "test", "test")).to_dict()
-
-        before = await self._timed("test/seed", lambda: test(seed)) if test_seed else None
-        after = await self._timed("test/final", lambda: test(final))
-        return frozen, before, after
+        """Write the frozen harness and evaluate it (and the seed) on the held-out test split (timed)."""
+        return await freeze_and_test(self.ws, self.cfg, self.run_id, seed, final, self._timed, test_seed)

@@ -1,0 +1,83 @@
+"""What a training arm reports: one `TrainResult` for every arm that trains (the engine's methods and gepa,
+whose `GepaResult` adds only GEPA's own fields), its costs read from the store the same way for all."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..store.db import RunStore
+from .budget import Budget, optimizer_spend, training_spend
+from .records import AcceptRule, CurvePoint, RoundRecord
+
+
+@dataclass
+class TrainResult:
+    """What every training arm reports (the engine's arms and gepa, whose `GepaResult` adds only GEPA's own)."""
+
+    run_id: str
+    arm: str
+    seed_harness_id: str
+    final_harness_id: str
+    frozen_dir: Path
+    stop_reason: str
+    val_before: float | None  # None when the environment has no val tasks
+    val_after: float | None
+    test_before: dict[str, Any] | None
+    test_after: dict[str, Any] | None
+    wall_s: float  # training only, not val/test reporting
+    agent_executions: int  # training episodes actually run (cache-served ones are `cached_executions`)
+    cached_executions: int
+    optimizer_calls: int
+    optimizer_tokens: int
+    agent_tokens: int  # every agent token of the run, test passes included
+    training_agent_tokens: int  # fresh agent tokens of the training evaluations (what best-of-k is matched to)
+    budget: Budget
+    curve: list[CurvePoint] = field(default_factory=list)  # point 0: the seed; then one per decision
+    rounds: list[RoundRecord] = field(default_factory=list)  # the engine's rounds (gepa: none)
+    accept_rule: AcceptRule | None = None  # the engine's acceptance split and rule (gepa: its own Pareto front)
+    train_before: float | None = None
+    train_after: float | None = None  # None: the final harness has no complete train evaluation (never a made-up 0)
+    timings: dict[str, float] = field(default_factory=dict)
+    prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
+
+    def decisions(self) -> tuple[int, int]:
+        """(accepted, rejected) decisions, read off the curve (step 0 is the seed, not a decision); a run
+        recorded before curves existed: off its rounds."""
+        steps = [p for p in self.curve if p.step > 0]
+        if self.curve:
+            return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
+        edits = [e for r in self.rounds for e in r.attempts()]
+        return sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
+        return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds], "budget": asdict(self.budget),
+                      "accept_rule": self.accept_rule.model_dump(mode="json") if self.accept_rule else None,
+                      "curve": [p.model_dump(mode="json") for p in self.curve]}
+
+
+@dataclass(frozen=True)
+class RunCosts:
+    """The cost fields every arm's result reads from the store the same way."""
+
+    optimizer_calls: int
+    optimizer_tokens: int
+    agent_tokens: int
+    training_agent_tokens: int
+    timings: dict[str, float]
+    prompt_cache: dict[str, tuple[int, int]]
+
+    @classmethod
+    def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
+        calls = {row["role"]: row for row in store.call_totals(run_id)}
+        agent, optimizer = calls.get("agent", {}), optimizer_spend(store, run_id)
+        return cls(optimizer.calls, optimizer.tokens,
+                   (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
+                   training_spend(store, run_id).tokens, dict(store.records(run_id, "timing")),
+                   {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()})
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """As `TrainResult` keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
