@@ -161,7 +161,7 @@ class ServedHarness:
         system = "\n\n".join(part for part in (contract, agent_system) if part)
         rest, annotations, stop, observations = await self.regulate_results(rest)
         out = [Message(role="system", content=system)] if system else []
-        out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
+        out += [demo_message(d) for d in self.demos]
         out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
         tipped = False
         for m in rest:
@@ -271,9 +271,10 @@ class ServedHarness:
 
 
 def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
-                    turn: int, task_prompt: str) -> Outcome:
-    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
-    ctx = ActionContext(tools, turn, task_prompt, conversational=True)
+                    turn: int, task_prompt: str, ctx: ActionContext | None = None) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation.
+    `ctx` replaces the default context (a conversation: text goes to the user), e.g. for a task's agent."""
+    ctx = ctx or ActionContext(tools, turn, task_prompt, conversational=True)
     repaired, _ = repair_message(repairs, reply, tools)
     realized = realize_message(realize, repairs, reply, ctx)
     if realized.reject is not None:
@@ -282,6 +283,17 @@ def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Repl
     invalid = [(a, *problem) for a in realized.actions if (problem := validate(a, tools)) is not None]
     feedback = "\n".join(message for _, _, message in invalid)
     return Outcome(repaired.text, realized.actions, realized.repairs, "", feedback, invalid)
+
+
+def demo_message(d: dict[str, Any]) -> Message:
+    """A demonstration message (from `parse_demos`) with its tool calls and call id kept, so a demonstrated
+    exchange of calls and results reaches the model as real calls."""
+    calls = d.get("tool_calls") or None
+    if calls:
+        calls = [{"id": c.get("id", ""), "name": c.get("name") or (c.get("function") or {}).get("name", ""),
+                  "arguments": c.get("arguments") or (c.get("function") or {}).get("arguments", "{}")} for c in calls]
+    return Message(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+                   tool_call_id=d.get("tool_call_id") if d["role"] == "tool" else None)
 
 
 def _action_record(a: Action) -> dict[str, Any]:
