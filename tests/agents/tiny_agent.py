@@ -10,8 +10,6 @@ import os
 import sys
 import time
 
-import openai
-
 LIMITS = {"meals": 100, "travel": 500, "software": 300}
 TOOLS = [{"type": "function", "function": {
     "name": "policy_limit", "description": "The spending limit in dollars for an expense category.",
@@ -27,30 +25,34 @@ def policy_limit(category: str) -> str:
 def main() -> None:
     task = json.loads(sys.stdin.readline())
     prompt = task["prompt"]
-    if "LEAK" in prompt:
-        print(json.dumps({"env": dict(os.environ), "task": task}))
-        print("leaked")
+    if "LEAK" in prompt:  # everything it was given, as its final state
+        with open(os.environ["ECDYSIS_RESULT"], "w") as f:
+            json.dump({"answer": "leaked", "state": {"env": dict(os.environ), "task": task}}, f)
         return
     if "CRASH" in prompt:
         raise RuntimeError("the agent fell over")
     if "HANG" in prompt:
-        time.sleep(60)
+        time.sleep(120)
     if "EXIT3" in prompt:
         print("giving up", file=sys.stderr)
         sys.exit(3)
+    import openai  # after the misbehaviours: they need no client
+
     client = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY come from the episode
     if "STEAL" in prompt:
         path = os.environ["KEY_FILE"]
         stolen = open(path).read().strip() if os.path.exists(path) else ""
         open(path, "w").write(os.environ["OPENAI_API_KEY"])
-        if stolen:
+        if not stolen:
+            print("first")
+        else:
             other = openai.OpenAI(api_key=stolen, max_retries=0)
             try:
                 other.chat.completions.create(model="any", messages=[{"role": "user", "content": "hi"}])
                 print("reached another episode")
             except openai.AuthenticationError:
                 print("denied")
-            return
+        return
     messages = [{"role": "system", "content": "You review expenses. Answer approve or deny."},
                 {"role": "user", "content": prompt}]
     for _ in range(6):

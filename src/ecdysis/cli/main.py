@@ -127,11 +127,14 @@ def init(
     force: bool = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Environment option: env.options.KEY=VALUE "
                                                                  "(VALUE read as JSON when it parses).")] = None,
+    agent: Annotated[str | None, typer.Option(help="Your agent program, e.g. \"python agent.py\" (run in DIR for "
+                                                   "each task; docs/agents.md), or module:function.")] = None,
 ) -> None:
     """Write a working seed harness and a ready config (ecdysis.toml) next to it.
 
     Built-in environments get their shipped seed; any other environment gets one written from what
-    it declares (its tools with their schemas, its instructions or policy)."""
+    it declares (its tools with their schemas, its instructions or policy). With --agent the agent is your
+    program and the seed adds nothing to its requests."""
     from ..envs import get_environment, plugin_root
     from ..harness.generic_seed import generic_seed_files
     from ..workspace import seed_harness_dir
@@ -169,9 +172,12 @@ def init(
         options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
         console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
                       f"tasks; grader {grader_ref}[/]")
+    agent_lines = init_agent_lines(agent, directory) if agent is not None else ""
     try:
         seed = seed_harness_dir(env)
-        shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        if agent is None:
+            shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        env_path = options
     except FileNotFoundError:
         try:
             search = [Path.cwd()]
@@ -181,21 +187,43 @@ def init(
             fail(f"cannot load environment {env!r}: {exc}")
             return
         harness_dir.mkdir(parents=True, exist_ok=True)
-        for rel, text in generic_seed_files(env, environment).items():
-            (harness_dir / rel).write_text(text)
+        if agent is None:
+            for rel, text in generic_seed_files(env, environment).items():
+                (harness_dir / rel).write_text(text)
         env_path = f"plugin_path = [{json.dumps(root)}]\n" if root else ""
         if env_options:
             env_path += "options = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_options.items()) + " }\n"
-    else:
-        env_path = options
+    if agent is not None:  # the agent seed: it adds nothing to the program's requests
+        from ..external.seed import agent_seed_files
+
+        harness_dir.mkdir(parents=True, exist_ok=True)
+        for rel, text in agent_seed_files(env, agent).items():
+            (harness_dir / rel).write_text(text)
     config_path = directory / "ecdysis.toml"
     if not config_path.exists() or force:
         template = (Path(__file__).parent.parent / "prompts" / "config_template.toml").read_text()
         text = template.replace("{env}", env)
         if env_path:
             text = text.replace(f'name = "{env}"\n', f'name = "{env}"\n{env_path}')
+        if agent_lines:
+            text = text.replace('harness = "harness"\n', f'harness = "harness"\n{agent_lines}')
         config_path.write_text(text)
     console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
+
+
+def init_agent_lines(agent: str, directory: Path) -> str:
+    """The `[agent]` lines of an agent program (`--agent`): a command, or a callable `module:function`."""
+    import shlex
+
+    parts = shlex.split(agent)
+    if not parts:
+        fail("--agent needs a command, e.g. --agent \"python agent.py\"")
+    if len(parts) == 1 and ":" in parts[0] and not Path(parts[0].split(":")[0]).suffix:
+        return f"callable = {json.dumps(parts[0])}\n"
+    script = next((p for p in parts[1:] if p.endswith(".py")), None)
+    if script is not None and not (directory / script).exists():
+        console.print(f"[yellow]note:[/] {directory / script} does not exist yet; the agent runs in {directory}")
+    return f"command = {json.dumps(parts)}\n"
 
 
 @app.command("eval")
