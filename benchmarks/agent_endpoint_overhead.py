@@ -173,7 +173,8 @@ def main() -> None:
         url, _, model = args.model_url.partition("::")
     else:
         port = free_port()
-        server = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        here = str(Path(__file__).parent)
+        server = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); "
                                    f"import agent_endpoint_overhead as b; b.fake_server({port}, {args.delay_ms})"])
         url, model = f"http://127.0.0.1:{port}/v1", "fake"
     try:

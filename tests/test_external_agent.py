@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import ROLES, Roles
 
 from ecdysis.config import load_config
 from ecdysis.models import Message, ScriptedModel
@@ -19,8 +20,6 @@ from ecdysis.trainer.api import train_async
 from ecdysis.trainer.levers import measure_repairs
 from ecdysis.trainer.rerun import runner_rerun
 from ecdysis.workspace import Workspace
-
-from helpers import ROLES, Roles
 
 pytest.importorskip("fastapi")
 AGENT = Path(__file__).parent / "agents" / "tiny_agent.py"

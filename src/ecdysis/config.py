@@ -189,7 +189,8 @@ class Config(BaseModel):
         return getattr(self.roles, role) or self.agent.model
 
 
-FILE_RELATIVE_PATHS = (("agent", "harness"), ("agent", "cwd"), ("env", "data_dir"), ("run", "run_dir"), ("cache", "path"))
+FILE_RELATIVE_PATHS = (("agent", "harness"), ("agent", "cwd"), ("env", "data_dir"), ("run", "run_dir"),
+                       ("cache", "path"))
 
 
 def _parse_value(text: str) -> Any:

@@ -98,8 +98,8 @@ class JsonlSuite:
 
 
 def takes_state(grader: Grader) -> bool:
-    """True for a grader with a third required parameter (or one named `state`): it gets the episode's final state (an agent program's reported
-    state, plus `conversation` and `termination`)."""
+    """True for a grader with a third required parameter (or one named `state`): it gets the episode's final
+    state (an agent program's reported state, plus `conversation` and `termination`)."""
     try:
         params = inspect.signature(grader).parameters.values()
     except (TypeError, ValueError):
