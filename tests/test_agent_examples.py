@@ -22,13 +22,13 @@ pytest.importorskip("fastapi")
 EXAMPLES = Path(__file__).parents[1] / "examples" / "agents"
 
 
-def init_example(name: str, tmp_path: Path, grader: str) -> Path:
+def init_example(name: str, tmp_path: Path, grader: str, *more: str) -> Path:
     """A copy of the example, initialised with the command its README gives."""
     folder = tmp_path / name
     shutil.copytree(EXAMPLES / name, folder)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     done = subprocess.run([sys.executable, "-m", "ecdysis", "init", ".", "--agent", "python agent.py", "--env",
-                           "jsonl", "--tasks", "tasks.jsonl", "--grader", grader], cwd=folder, env=env,
+                           "jsonl", "--tasks", "tasks.jsonl", "--grader", grader, *more], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return folder
@@ -114,9 +114,8 @@ async def test_openai_agents_sdk_order_desk(tmp_path: Path) -> None:
 async def test_langgraph_currency_desk(tmp_path: Path) -> None:
     pytest.importorskip("langgraph")
     pytest.importorskip("langchain_openai")
-    folder = init_example("fx_desk", tmp_path, "numeric")
-    (folder / "ecdysis.toml").write_text((folder / "ecdysis.toml").read_text().replace(
-        'grader = "numeric" }', 'grader = "numeric", tolerance = 0.01 }'))
+    folder = init_example("fx_desk", tmp_path, "numeric", "--set", "env.options.tolerance=0.01")
+    assert 'grader = "numeric", tolerance = 0.01 }' in (folder / "ecdysis.toml").read_text()
     good = await run_example(folder, fx_dealer, "dealer")
     assert all(t.passed for t in good), [(t.final_answer, t.traceback) for t in good]
     assert [e["tool"] for e in good[0].of_kind("action")] == ["exchange_rate", "multiply", "answer"]

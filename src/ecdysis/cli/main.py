@@ -161,7 +161,8 @@ def init(
             from ..envs.jsonl_suite import from_options
 
             tasks_path = tasks_file.resolve()
-            suite = from_options(path=str(tasks_path), grader=grader or "normalized", search=[Path.cwd()])
+            more = {k: v for k, v in env_options.items() if k not in ("path", "grader")}
+            suite = from_options(path=str(tasks_path), grader=grader or "normalized", search=[Path.cwd()], **more)
             counts = {split: len(suite.tasks(split)) for split in ("train", "val", "test")}
         except USER_ERRORS as exc:
             fail(str(exc))
@@ -169,7 +170,8 @@ def init(
         grader_ref = grader or "normalized"
         if grader_ref.partition(":")[0].endswith(".py") and not Path(grader_ref.partition(":")[0]).is_absolute():
             grader_ref = f"{(Path.cwd() / grader_ref.partition(':')[0]).resolve()}:{grader_ref.partition(':')[2]}"
-        options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
+        extra = "".join(f", {k} = {json.dumps(v)}" for k, v in env_options.items() if k not in ("path", "grader"))
+        options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)}{extra} }}\n"
         console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
                       f"tasks; grader {grader_ref}[/]")
     agent_lines = init_agent_lines(agent, directory) if agent is not None else ""
