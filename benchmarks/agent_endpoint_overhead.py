@@ -13,10 +13,9 @@ call as the agent sees it), the endpoint's own overhead per request as it measur
 model time), and episodes per minute at --concurrency episodes at once.
 
     .venv/bin/python benchmarks/agent_endpoint_overhead.py [--episodes 24] [--concurrency 2] [--delay-ms 50]
-        [--model-url URL::MODEL] [--json out.json]
+        [--repeats 2] [--model-url URL::MODEL] [--json out.json]
 """
 
-from __future__ import annotations
 
 import argparse
 import asyncio
@@ -131,7 +130,8 @@ async def straight(agent: Path, url: str, model: str, rows: list[dict[str, Any]]
     async def one(row: dict[str, Any]) -> None:
         async with gate:
             proc = await asyncio.create_subprocess_exec(sys.executable, str(agent), stdin=subprocess.PIPE,
-                                                        stdout=subprocess.DEVNULL, env=env)
+                                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                        env=env, start_new_session=True)
             await proc.communicate(json.dumps({"id": row["id"], "prompt": row["prompt"], "public": {}}).encode())
 
     start = time.perf_counter()
@@ -145,6 +145,7 @@ async def through_ecdysis(agent: Path, ref: str, rows: list[dict[str, Any]], con
     from ecdysis.config import load_config
     from ecdysis.workspace import Workspace
 
+    work.mkdir(parents=True, exist_ok=True)
     (work / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{work / "tasks.jsonl"}"',
                              'env.options.grader="exact"', f'agent.command=["python", "{agent}"]',
@@ -154,10 +155,15 @@ async def through_ecdysis(agent: Path, ref: str, rows: list[dict[str, Any]], con
     ws = Workspace.open(cfg)
     ws.store.start_run("eval", {}, run_id="bench")
     summary = await ws.runner("bench").evaluate(ws.harness(), ws.tasks("test", None), 1, "test", "bench")
-    overhead = [r["overhead_ms"] for t in ws.store.trajectories(summary.eval_id) for r in t.of_kind("reply")
-                if r.get("status") == 200]
+    trajectories = ws.store.trajectories(summary.eval_id)
+    overhead = [r["overhead_ms"] for t in trajectories for r in t.of_kind("reply") if r.get("status") == 200]
+    # the model layer's own time per call (cache lookup, accounting, the call's record): upstream time minus the
+    # HTTP call's latency as the model client measured it
+    replies = [r for t in trajectories for r in t.of_kind("reply") if r.get("status") == 200]
+    models = [m for t in trajectories for m in t.of_kind("model")]
+    layer = [1000 * (r["upstream_s"] - m["latency_s"]) for r, m in zip(replies, models, strict=False)]
     ws.close()
-    return summary.wall_s, overhead, summary.terminations
+    return summary.wall_s, overhead, summary.terminations, layer
 
 
 def main() -> None:
@@ -165,6 +171,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=24)
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--delay-ms", type=float, default=50.0)
+    parser.add_argument("--repeats", type=int, default=2, help="straight and through Ecdysis, alternated")
     parser.add_argument("--model-url", default="", help="URL::MODEL of a running OpenAI-compatible server")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -185,22 +192,31 @@ def main() -> None:
             agent = work / "agent.py"
             agent.write_text(AGENT)
             direct_file, via_file = work / "direct.txt", work / "via.txt"
-            direct_wall = asyncio.run(straight(agent, url, model, rows, args.concurrency, direct_file))
-            via_wall, overhead, terminations = asyncio.run(through_ecdysis(
-                agent, f"{url}::{model}", rows, args.concurrency, via_file, work))
+            asyncio.run(straight(agent, url, model, rows[:2], args.concurrency, work / "warmup.txt"))  # not counted
+            direct_wall = via_wall = 0.0
+            overhead: list[float] = []
+            layer: list[float] = []
+            terminations: dict[str, int] = {}
+            for repeat in range(args.repeats):  # alternated, so a change in the machine's load hits both alike
+                direct_wall += asyncio.run(straight(agent, url, model, rows, args.concurrency, direct_file))
+                wall, more, ends, layered = asyncio.run(through_ecdysis(agent, f"{url}::{model}", rows, args.concurrency,
+                                                               via_file, work / f"r{repeat}"))
+                via_wall, overhead, layer = via_wall + wall, overhead + more, layer + layered
+                terminations = {k: terminations.get(k, 0) + v for k, v in ends.items()}
             direct = percentiles([float(x) * 1000 for x in direct_file.read_text().split()])
             via = percentiles([float(x) * 1000 for x in via_file.read_text().split()])
     finally:
         if server is not None:
             server.terminate()
     result = {
-        "episodes": args.episodes, "concurrency": args.concurrency,
+        "episodes": args.episodes, "repeats": args.repeats, "concurrency": args.concurrency,
         "model": args.model_url or f"fake server, {args.delay_ms:g} ms per reply",
         "agent_call_ms_straight": direct, "agent_call_ms_through_ecdysis": via,
         "added_per_call_ms": {"p50": via["p50"] - direct["p50"], "p95": via["p95"] - direct["p95"]},
-        "endpoint_overhead_ms": percentiles(overhead),
-        "episodes_per_min_straight": 60 * args.episodes / direct_wall,
-        "episodes_per_min_through_ecdysis": 60 * args.episodes / via_wall,
+        "endpoint_overhead_ms": percentiles(overhead),  # the endpoint's own time: request time minus model time
+        "model_layer_ms": percentiles(layer),  # Ecdysis's model layer around each HTTP call to the model
+        "episodes_per_min_straight": 60 * args.episodes * args.repeats / direct_wall,
+        "episodes_per_min_through_ecdysis": 60 * args.episodes * args.repeats / via_wall,
         "terminations": terminations,
     }
     print(json.dumps(result, indent=1))
