@@ -19,7 +19,7 @@ from typing import Any
 
 from ..agent.trajectory import Trajectory
 from ..models.base import Message
-from ..serve.proxy import Proxy, ServeSettings
+from ..serve.proxy import Proxy, ServeSettings, UpstreamError
 from ..serve.wire import ChatCompletionRequest, FinalReply
 from .layers import EpisodeLayers, RunnerUpstream
 
@@ -107,7 +107,7 @@ class EpisodeChannel:
         try:
             result = await self.proxy.turn(req, messages, self.conversation, first, self.model_calls, index)
         except Exception as exc:
-            status = 502 if type(exc).__name__ == "UpstreamError" else 500
+            status = 502 if isinstance(exc, UpstreamError) else 500
             self.upstream_error = self.upstream_error or (str(exc) if status == 502 else "")
             self._add("reply", index, status=status, error=str(exc)[:2000], latency_s=time.perf_counter() - arrived)
             raise
