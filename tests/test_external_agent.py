@@ -22,7 +22,7 @@ from ecdysis.trainer.rerun import runner_rerun
 from ecdysis.workspace import Workspace
 
 pytest.importorskip("fastapi")
-AGENT = Path(__file__).parent / "agents" / "tiny_agent.py"
+AGENT = Path(__file__).parent / "agent_programs" / "tiny_agent.py"
 LIMITS = {"meals": 100, "travel": 500, "software": 300}
 PEOPLE = ["Ada", "Ben", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu", "Max", "Ned"]
 AMOUNTS = [80, 120, 450, 700, 250, 350, 60, 140, 90, 520, 310, 290, 95, 105]
