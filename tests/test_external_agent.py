@@ -210,3 +210,20 @@ def test_init_writes_an_agent_project_and_eval_runs_it_from_the_command_line(tmp
                           'agent.command="no-such-program x"'], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "no-such-program" in bad.stderr
+
+
+async def test_a_repeated_call_reaches_the_agent_with_a_fresh_id(tmp_path: Path) -> None:
+    """A model repeating a call repeats its id (the embedded backend derives ids from the call); frameworks skip
+    a call id they have run already (the Agents SDK does, and loops), so every call the agent gets has its own."""
+    def repeat(messages: list[Message]) -> str | dict:
+        if sum(m.role == "tool" for m in messages) < 2:
+            return {"text": "", "tool_calls": [{"name": "policy_limit", "arguments": {"category": "meals"}}]}
+        return "approve"
+
+    rows = [{"id": "r0", "prompt": "Ada spent $10 on meals. Approve or deny?", "answer": "approve", "split": "train"}]
+    ws, _ = project(tmp_path, rows, responder=repeat)
+    summary, trajectories, _ = await evaluate(ws, "train")
+    upstream_ids = {c["id"] for e in trajectories[0].of_kind("model") for c in e["tool_calls"]}
+    sent_ids = [c["id"] for e in trajectories[0].of_kind("reply") for c in e["message"].get("tool_calls", [])]
+    assert len(upstream_ids) == 1 and len(sent_ids) == 2 and len(set(sent_ids)) == 2 and summary.accuracy == 1.0
+    ws.close()

@@ -14,6 +14,7 @@ endpoint's own overhead) and `agent` (exit code, answer source, output tails), a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from typing import Any
 
@@ -130,6 +131,8 @@ class EpisodeChannel:
         answers = [e for e in result.events if e["kind"] == "action" and e["tool"] == "answer"]
         if answers and not reply.tool_calls and not record.gave_up and not record.stopped:
             reply.content = str(answers[-1]["input"])  # H2's answer (an answer repair may have changed it)
+        for position, call in enumerate(reply.tool_calls):
+            call.id = call_id(self.conversation, index, position, call.name, call.arguments)
         if record.stopped:
             self.stopped = record.stopped
         latency = time.perf_counter() - arrived
@@ -156,6 +159,13 @@ class EpisodeChannel:
         self.closed = True
         for task in list(self.in_flight):
             task.cancel()
+
+
+def call_id(conversation: str, request: int, position: int, name: str, arguments: str) -> str:
+    """The id of a call the agent receives: unique in its episode (frameworks skip a call id they have run
+    already, and a model repeating a call may repeat its id) and the same in an exact re-run."""
+    digest = hashlib.sha256(f"{conversation}\0{request}\0{position}\0{name}\0{arguments}".encode())
+    return "call_" + digest.hexdigest()[:24]
 
 
 def _reply_message(reply: FinalReply) -> dict[str, Any]:
