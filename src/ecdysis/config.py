@@ -9,11 +9,12 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import shlex
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, Field, ValidationError, field_validator
 
 from .config_errors import ConfigError, config_error, dotted, key_parts, line_of, problem, should_be
 from .models.local_models import DEFAULT_LOCAL_MODEL
@@ -72,9 +73,31 @@ class UserSection(BaseModel):
     max_tokens: Positive = 200
 
 
+EXTERNAL_AGENT_KEYS = ("command", "callable", "env", "pass_env", "version", "max_requests")
+
+
 class AgentSection(BaseModel):
     model: str = DEFAULT_MODEL
     harness: Path | None = None  # directory; default: the built-in seed for the environment
+    # An external agent program (docs/agents.md): a command, or a Python callable "module:function"; each task
+    # runs it with the task's public view and an OpenAI-compatible endpoint of its own (the harness applied)
+    command: list[str] = Field(default_factory=list)
+    callable: str = ""
+    cwd: Path | None = None  # where the program runs; default: the config file's folder (else the current one)
+    env: dict[str, str] = Field(default_factory=dict)  # variables set for the program
+    pass_env: list[str] = Field(default_factory=list)  # host variables kept although they look like keys
+    version: str = ""  # a label you change when code the command does not name changes (it enters run ids)
+    max_requests: int = 100  # model requests one episode may make; then its endpoint refuses (429)
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @property
+    def external(self) -> bool:
+        """True when the agent is a program of its own (a command or a callable), not the library's loop."""
+        return bool(self.command or self.callable)
 
 
 class EvalSection(BaseModel):
@@ -186,7 +209,8 @@ class Config(BaseModel):
         return getattr(self.roles, role) or self.agent.model
 
 
-FILE_RELATIVE_PATHS = (("agent", "harness"), ("env", "data_dir"), ("run", "run_dir"), ("cache", "path"))
+FILE_RELATIVE_PATHS = (("agent", "harness"), ("agent", "cwd"), ("env", "data_dir"), ("run", "run_dir"),
+                       ("cache", "path"))
 
 
 def _parse_value(text: str) -> Any:
@@ -272,6 +296,9 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None,
             value = table.get(key) if isinstance(table, dict) else None
             if isinstance(value, str) and not Path(value).is_absolute():
                 data[section][key] = str(base / value)
+        agent = data.get("agent")
+        if isinstance(agent, dict) and (agent.get("command") or agent.get("callable")) and not agent.get("cwd"):
+            agent["cwd"] = str(base)  # an agent program runs beside its config
         env = data.setdefault("env", {})
         if isinstance(env, dict):
             plugin_path = env.get("plugin_path", [])
@@ -308,7 +335,7 @@ def load_config(path: Path | None = None, overrides: list[str] | None = None,
 # Settings that say where things are, not what a run computes: kept out of run ids (with the execution-only
 # ones), so a run resumes after its project folder moves.
 LOCATION_ONLY: dict[str, set[str]] = {"run": {"run_dir", *EXECUTION_ONLY}, "env": {"data_dir", "plugin_path"},
-                                      "cache": {"path"}}
+                                      "cache": {"path"}, "agent": {"cwd"}}
 
 
 def _content_hash(path: Path) -> str:
@@ -353,6 +380,13 @@ def identity_json(config: Config) -> str:
         harness = Path(config.agent.harness)
         data["agent"]["harness"] = f"sha256:{_content_hash(harness)}" if harness.exists() else harness.name
     data["agent"]["model"] = _portable_ref(config.agent.model)
+    if config.agent.external:  # the program's files (a script the command names) stand for their content
+        from .external.program import program_fingerprint
+
+        data["agent"]["command"] = program_fingerprint(config.agent)
+    else:  # the library's own loop: the same identity as before agent programs existed
+        for key in EXTERNAL_AGENT_KEYS:
+            data["agent"].pop(key, None)
     data["user"]["model"] = _portable_ref(config.user.model)
     for role in ("analyst", "critic", "engineer", "moderator", "implementer"):
         data["roles"][role] = _portable_ref(getattr(config.roles, role))

@@ -61,6 +61,10 @@ class Workspace:
     def open(cls, config: Config) -> Workspace:
         env = get_environment(config.env.name, data_dir=config.env.data_dir, seed=config.run.seed,
                               search=plugin_search(config), **config.env.options)
+        if config.agent.external:  # a program that cannot start fails now, before anything is written
+            from .external.program import AgentProgram
+
+            AgentProgram.from_config(config.agent)
         return cls(config=config, env=env)
 
     @cached_property
@@ -92,11 +96,15 @@ class Workspace:
 
     def harness(self) -> HarnessVersion:
         """The configured harness (its code loaded once in the sandbox: `check_code_loads`); else the built-in
-        seed; else a seed written from the environment."""
+        seed; else a seed written from the environment (for an agent program: the agent seed, which adds nothing)."""
         if self.config.agent.harness:
             version = load_harness(self.config.agent.harness)
             check_code_loads(version, self.config.agent.harness)
             return version
+        if self.config.agent.external:
+            from .external.seed import agent_seed
+
+            return agent_seed(self.config.env.name)
         try:
             return load_harness(seed_harness_dir(self.config.env.name))
         except FileNotFoundError:
@@ -130,8 +138,13 @@ class Workspace:
 
     @cached_property
     def executor(self) -> Executor:
-        """One executor per workspace (a Ray executor keeps its actors between evaluations)."""
+        """One executor per workspace (a Ray executor keeps its actors between evaluations; an agent program's
+        keeps its endpoint)."""
         r = self.config.run
+        if self.config.agent.external:
+            from .external.executor import agent_executor
+
+            return agent_executor(self.config, self.env)
         return make_executor(r.executor, r.ray_address, slots=r.concurrency, retries=r.episode_retries)
 
     def close(self) -> None:

@@ -154,11 +154,14 @@ def init(
     force: bool = False,
     sets: Annotated[list[str] | None, typer.Option("--set", help="Environment option: env.options.KEY=VALUE "
                                                                  "(VALUE read as JSON when it parses).")] = None,
+    agent: Annotated[str | None, typer.Option(help="Your agent program, e.g. \"python agent.py\" (run in DIR for "
+                                                   "each task; docs/agents.md), or module:function.")] = None,
 ) -> None:
     """Write a working seed harness and a ready config (ecdysis.toml) next to it.
 
     Built-in environments get their shipped seed; any other environment gets one written from what
-    it declares (its tools with their schemas, its instructions or policy)."""
+    it declares (its tools with their schemas, its instructions or policy). With --agent the agent is your
+    program and the seed adds nothing to its requests."""
     from ..envs import get_environment, plugin_root
     from ..harness.generic_seed import generic_seed_files
     from ..models.registry import REFERENCE_FORMS, reference_problem
@@ -189,7 +192,8 @@ def init(
             from ..envs.jsonl_suite import from_options
 
             tasks_path = tasks_file.resolve()
-            suite = from_options(path=str(tasks_path), grader=grader or "normalized", search=[Path.cwd()])
+            more = {k: v for k, v in env_options.items() if k not in ("path", "grader")}
+            suite = from_options(path=str(tasks_path), grader=grader or "normalized", search=[Path.cwd()], **more)
             counts = {split: len(suite.tasks(split)) for split in ("train", "val", "test")}
         except USER_ERRORS as exc:
             fail(str(exc))
@@ -197,16 +201,20 @@ def init(
         grader_ref = grader or "normalized"
         if grader_ref.partition(":")[0].endswith(".py") and not Path(grader_ref.partition(":")[0]).is_absolute():
             grader_ref = f"{(Path.cwd() / grader_ref.partition(':')[0]).resolve()}:{grader_ref.partition(':')[2]}"
-        options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)} }}\n"
+        extra = "".join(f", {k} = {json.dumps(v)}" for k, v in env_options.items() if k not in ("path", "grader"))
+        options = f"options = {{ path = {json.dumps(str(tasks_path))}, grader = {json.dumps(grader_ref)}{extra} }}\n"
         console.print(f"[dim]{tasks_path}: {counts['train']} train / {counts['val']} val / {counts['test']} test "
                       f"tasks; grader {grader_ref}[/]")
         if not counts["train"] or not counts["test"]:
             notice(f"[yellow]warning:[/] no {'train' if not counts['train'] else 'test'} tasks: `ecdysis train` needs "
                    "both (add tasks, or give lines a \"split\": \"train\" | \"val\" | \"test\" field)")
         views.split_proposal(console, counts)
+    agent_lines = init_agent_lines(agent, directory) if agent is not None else ""
     try:
         seed = seed_harness_dir(env)
-        shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        if agent is None:
+            shutil.copytree(seed, harness_dir, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+        env_path = options
     except FileNotFoundError:
         try:
             search = [Path.cwd()]
@@ -218,19 +226,26 @@ def init(
         with contextlib.suppress(*USER_ERRORS):  # an environment that cannot list its tasks yet: `train` warns
             views.split_proposal(console, {split: len(environment.tasks(split)) for split in ("train", "val")})
         harness_dir.mkdir(parents=True, exist_ok=True)
-        for rel, text in generic_seed_files(env, environment).items():
-            (harness_dir / rel).write_text(text)
+        if agent is None:
+            for rel, text in generic_seed_files(env, environment).items():
+                (harness_dir / rel).write_text(text)
         env_path = f"plugin_path = [{json.dumps(root)}]\n" if root else ""
         if env_options:
             env_path += "options = { " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in env_options.items()) + " }\n"
-    else:
-        env_path = options
+    if agent is not None:  # the agent seed: it adds nothing to the program's requests
+        from ..external.seed import agent_seed_files
+
+        harness_dir.mkdir(parents=True, exist_ok=True)
+        for rel, text in agent_seed_files(env, agent).items():
+            (harness_dir / rel).write_text(text)
     config_path = directory / "ecdysis.toml"
     if not config_path.exists() or force:
         template = (Path(__file__).parent.parent / "prompts" / "config_template.toml").read_text()
         text = template.replace("{env}", env)
         if env_path:
             text = text.replace(f'name = "{env}"\n', f'name = "{env}"\n{env_path}')
+        if agent_lines:
+            text = text.replace('harness = "harness"\n', f'harness = "harness"\n{agent_lines}')
         config_path.write_text(with_models(text, model, roles_model))
         console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
         default = local_models.get_spec(local_models.DEFAULT_LOCAL_MODEL)
@@ -244,6 +259,21 @@ def init(
             err_console.print(f"[yellow]warning:[/] {config_path} already exists and was kept: --model/--roles-model "
                               "were not written (use --force to rewrite it)", highlight=False)
     console.print(f"next: ecdysis eval -c {config_path}", highlight=False)
+
+
+def init_agent_lines(agent: str, directory: Path) -> str:
+    """The `[agent]` lines of an agent program (`--agent`): a command, or a callable `module:function`."""
+    import shlex
+
+    parts = shlex.split(agent)
+    if not parts:
+        fail("--agent needs a command, e.g. --agent \"python agent.py\"")
+    if len(parts) == 1 and ":" in parts[0] and not Path(parts[0].split(":")[0]).suffix:
+        return f"callable = {json.dumps(parts[0])}\n"
+    script = next((p for p in parts[1:] if p.endswith(".py")), None)
+    if script is not None and not (directory / script).exists():
+        console.print(f"[yellow]note:[/] {directory / script} does not exist yet; the agent runs in {directory}")
+    return f"command = {json.dumps(parts)}\n"
 
 
 @app.command("eval")

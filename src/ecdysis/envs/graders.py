@@ -100,7 +100,8 @@ def check_tolerance(tolerance: Any) -> float | None:
 
 
 def _check_callable(fn: Callable[..., Any], ref: str) -> None:
-    """Refuse a grader that cannot be called as grade(answer, gold), naming its signature."""
+    """Refuse a grader that cannot be called as grade(answer, gold) or grade(answer, gold, state), naming its
+    signature."""
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # a builtin without introspectable signature: trust it
@@ -108,6 +109,11 @@ def _check_callable(fn: Callable[..., Any], ref: str) -> None:
     try:
         signature.bind(None, None)
     except TypeError:
+        try:
+            signature.bind(None, None, {})  # grade(answer, gold, state): docs/agents.md
+            return
+        except TypeError:
+            pass
         raise ValueError(f"grader {ref!r}: {getattr(fn, '__name__', 'it')}{signature} cannot be called as "
                          "grade(answer, gold); a grader takes the answer (str or None) and the gold answer") from None
 

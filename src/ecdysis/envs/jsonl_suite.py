@@ -1,17 +1,21 @@
 """Bring-your-own single-turn tasks: a JSONL file plus a grader (see `graders.py`).
 
 Each line: {"id": "...", "prompt": "...", "answer": <anything JSON>, "split": "train|val|test"?,
-"choices": [...]?, "kind": "..."?}. A finite answer set (`choices` on a line, or `env.options.labels` for every
-task) is declared to the harness as `public["choices"]` (the `answer_set` repair maps or rejects answers
-outside it); `kind` goes to `task.meta["type"]`.
+"choices": [...]?, "kind": "..."?, "public": {...}?}. `public` is data the task gives the agent besides its
+prompt (e.g. the state an agent program's tools start from; never the answer). A finite answer set (`choices`
+on a line, or `env.options.labels` for every task) is declared to the harness as `public["choices"]` (the
+`answer_set` repair maps or rejects answers outside it); `kind` goes to `task.meta["type"]`.
 The grader runs in the host; one that raises or returns a non-number scores that task 0 as a grader error
-(`Score.grader_error`), which `eval` reports apart from wrong answers.
+(`Score.grader_error`), which `eval` reports apart from wrong answers. A grader with a
+third parameter, `grade(answer, gold, state)`, also gets the episode's final state (e.g. what an agent program's
+tools changed, as it reported it: docs/agents.md).
 Lines without a split are partitioned train/val/test by a seeded hash.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,8 +73,12 @@ class JsonlSuite:
             choices = obj.get("choices") or list(self.labels)
             if not isinstance(choices, list):
                 raise TaskFileError(f"{path}:{lineno}: field 'choices' should be a list")
-            tasks.append(Task(id=task_id, split=split, prompt=prompt, gold=obj["answer"],
-                              public={"choices": [str(c) for c in choices]} if choices else {},
+            public = obj.get("public") or {}
+            if not isinstance(public, dict):
+                raise TaskFileError(f"{path}:{lineno}: field 'public' should be an object")
+            if choices:
+                public = {**public, "choices": [str(c) for c in choices]}
+            tasks.append(Task(id=task_id, split=split, prompt=prompt, gold=obj["answer"], public=public,
                               meta={"type": str(obj["kind"])} if obj.get("kind") else {}))
         return tasks
 
@@ -82,7 +90,10 @@ class JsonlSuite:
         if self._grader_fn is None:
             self._grader_fn = load_grader(self.grader, self.search, self.tolerance)
         try:
-            result = self._grader_fn(answer, task.gold)
+            if takes_state(self._grader_fn):  # grade(answer, gold, state): e.g. what an agent program's tools did
+                result = self._grader_fn(answer, task.gold, final_state)  # type: ignore[call-arg]
+            else:
+                result = self._grader_fn(answer, task.gold)
         except Exception as exc:  # noqa: BLE001 - one odd answer must not abort the batch
             return Score.grader_error(f"grader {self.grader} raised {type(exc).__name__}: {exc}")
         try:
@@ -90,6 +101,17 @@ class JsonlSuite:
         except TypeError as exc:
             return Score.grader_error(str(exc))
         return Score(value, value >= 1.0, f"grader {self.grader} gave {value:g}")
+
+
+def takes_state(grader: Grader) -> bool:
+    """True for a grader with a third required parameter (or one named `state`): it gets the episode's final
+    state (an agent program's reported state, plus `conversation` and `termination`)."""
+    try:
+        params = inspect.signature(grader).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len([p for p in positional if p.default is p.empty]) >= 3 or any(p.name == "state" for p in positional)
 
 
 def from_options(data_dir: Path | None = None, seed: int = 0, path: str | None = None,

@@ -184,7 +184,7 @@ class ServedHarness:
         system = "\n\n".join(part for part in (contract, agent_system) if part)
         rest, annotations, stop, observations = await self.regulate_results(rest, lineage)
         out = [Message(role="system", content=system)] if system else []
-        out += [Message(role=d["role"], content=d["content"]) for d in self.demos]
+        out += [demo_message(d) for d in self.demos]
         out += [Message(role=d["role"], content=d["content"]) for d in self._examples(first_user)]
         tipped = False
         for m in rest:
@@ -321,9 +321,10 @@ class ServedHarness:
 
 
 def realized_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
-                     turn: int, task_prompt: str) -> Outcome:
-    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs), not yet validated."""
-    ctx = ActionContext(tools, turn, task_prompt, conversational=True)
+                     turn: int, task_prompt: str, ctx: ActionContext | None = None) -> Outcome:
+    """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs), not yet validated.
+    `ctx` replaces the default context (a conversation: text goes to the user), e.g. for a task's agent."""
+    ctx = ctx or ActionContext(tools, turn, task_prompt, conversational=True)
     repaired, _ = repair_message(repairs, reply, tools)
     realized = realize_message(realize, repairs, reply, ctx)
     if realized.reject is not None:
@@ -343,9 +344,20 @@ def validated(outcome: Outcome, tools: tuple[ToolSpec, ...]) -> Outcome:
 
 
 def realize_outcome(realize: Callable[..., Any], repairs: list[Any], reply: Reply, tools: tuple[ToolSpec, ...],
-                    turn: int, task_prompt: str) -> Outcome:
+                    turn: int, task_prompt: str, ctx: ActionContext | None = None) -> Outcome:
     """The library's H2 on one reply (message repairs, `realize`, reply/call/turn repairs) plus validation."""
-    return validated(realized_outcome(realize, repairs, reply, tools, turn, task_prompt), tools)
+    return validated(realized_outcome(realize, repairs, reply, tools, turn, task_prompt, ctx), tools)
+
+
+def demo_message(d: dict[str, Any]) -> Message:
+    """A demonstration message (from `parse_demos`) with its tool calls and call id kept, so a demonstrated
+    exchange of calls and results reaches the model as real calls."""
+    calls = d.get("tool_calls") or None
+    if calls:
+        calls = [{"id": c.get("id", ""), "name": c.get("name") or (c.get("function") or {}).get("name", ""),
+                  "arguments": c.get("arguments") or (c.get("function") or {}).get("arguments", "{}")} for c in calls]
+    return Message(role=d["role"], content=d.get("content") or "", tool_calls=calls,
+                   tool_call_id=d.get("tool_call_id") if d["role"] == "tool" else None)
 
 
 def harness_reply(text: str, calls: list[dict[str, Any]]) -> Reply:

@@ -144,8 +144,9 @@ def _better(old: dict[str, Any], new: dict[str, Any]) -> bool:
 
 
 def text_only(traj: Trajectory, task: Task) -> bool:
-    """An episode whose only action is its answer (no tools offered, no user): regraded from its replies."""
-    return not traj.offered_tools() and task.user_scenario is None
+    """An episode whose only action is its answer (no tools offered, no user): regraded from its replies. Not an
+    agent program's episode: its answer is what the program printed, which only a re-run can tell."""
+    return not traj.offered_tools() and task.user_scenario is None and not traj.of_kind("agent")
 
 
 def _regrade(traj: Trajectory, realized: list[dict[str, Any]], env: Environment, task: Task,

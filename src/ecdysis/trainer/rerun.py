@@ -1,8 +1,9 @@
 """Exact replay of whole episodes from their stored replies: a candidate harness runs the episode again
 (sandboxed, real environment) while every model and user turn is served from the stored trajectory.
 
-A turn is served only when the candidate asks exactly what the original asked (the same messages; for
-the simulated user the same conversation), so whatever the episode does is what it would do live: when
+A turn is served only when the candidate asks exactly what the original asked (the same messages, at that
+point of the stored episode or later in it, e.g. after a retry the candidate no longer needs; for the
+simulated user the same conversation), so whatever the episode does is what it would do live: when
 it ends without a question the stored trajectory cannot answer, its grade is exact. When it asks
 something new (its actions diverged earlier and the model would now see a different history), the
 episode stops there and the result says so: `exact=False`, the turn it diverged at. No model calls.
@@ -53,9 +54,16 @@ class StoredTurns:
 
     async def chat(self, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
         i = self.model_index
-        if i >= len(self.models) or _canonical(self.models[i].messages) != _canonical(messages):
-            self.diverged_at = i
-            return {"error": DIVERGED}
+        asked = _canonical(messages)
+        if i >= len(self.models) or _canonical(self.models[i].messages) != asked:
+            # the same request later in the stored episode (the candidate skipped a retry the original needed):
+            # its stored reply is what the model gave to exactly this request
+            later = next((j for j in range(i + 1, len(self.models))
+                          if _canonical(self.models[j].messages) == asked), None)
+            if later is None:
+                self.diverged_at = i
+                return {"error": DIVERGED}
+            i = self.model_index = later
         self.model_index += 1
         e = self.models[i]
         return {"text": e.reply, "tool_calls": e.tool_calls,
