@@ -25,7 +25,7 @@ from typing import Any
 from ..harness.api import Action, ActionContext, Reply, ToolSpec
 from ..harness.manifest import HarnessVersion
 from ..harness.tool_calls import native_realize
-from ..models.base import ChatRequest, ChatResponse, Message, ModelError, ToolCall, Usage
+from ..models.base import ChatRequest, ChatResponse, Message, ModelError, ModelToolCall, Usage
 from ..sandbox.host import ChatHandler
 from ..serve.layers import Outcome, Prepared, ServedHarness, realize_outcome
 
@@ -50,7 +50,7 @@ class RunnerUpstream:
         if "error" in out:
             raise ModelError(str(out["error"]))
         self.sent.append(messages)
-        return ChatResponse(text=out.get("text", ""), tool_calls=[ToolCall(**c) for c in out.get("tool_calls") or []],
+        return ChatResponse(text=out.get("text", ""), tool_calls=[ModelToolCall(**c) for c in out.get("tool_calls") or []],
                             finish_reason=out.get("finish_reason") or "stop", usage=Usage(**(out.get("usage") or {})),
                             latency_s=float(out.get("latency_s", 0.0)), cache_hit=bool(out.get("cache_hit")),
                             retries=int(out.get("retries", 0)), model_id=self._identity)
