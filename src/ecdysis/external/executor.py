@@ -63,10 +63,10 @@ class AgentExecutor:
                 await self.endpoint.start()
 
     async def run(self, episode: object, chat: ChatHandler, user: UserHandler | None) -> Trajectory:
-        """One episode (a runner `Episode`); never raises."""
-        from ..runner.executors import Episode
+        """One episode (a runner `EpisodeJob`); never raises."""
+        from ..runner.episode_job import EpisodeJob
 
-        assert isinstance(episode, Episode)
+        assert isinstance(episode, EpisodeJob)
         start = time.perf_counter()
         traj = Trajectory(task_id=episode.task.id, trial=episode.trial, harness_id=episode.harness.id,
                           isolation=ISOLATION)

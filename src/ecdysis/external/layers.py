@@ -50,7 +50,8 @@ class RunnerUpstream:
         if "error" in out:
             raise ModelError(str(out["error"]))
         self.sent.append(messages)
-        return ChatResponse(text=out.get("text", ""), tool_calls=[ModelToolCall(**c) for c in out.get("tool_calls") or []],
+        calls = [ModelToolCall(**c) for c in out.get("tool_calls") or []]
+        return ChatResponse(text=out.get("text", ""), tool_calls=calls,
                             finish_reason=out.get("finish_reason") or "stop", usage=Usage(**(out.get("usage") or {})),
                             latency_s=float(out.get("latency_s", 0.0)), cache_hit=bool(out.get("cache_hit")),
                             retries=int(out.get("retries", 0)), model_id=self._identity)
