@@ -28,6 +28,7 @@ from ..harness.tool_calls import native_realize
 from ..models.base import ChatRequest, ChatResponse, Message, ModelError, ModelToolCall, Usage
 from ..sandbox.host import ChatHandler
 from ..serve.layers import Outcome, Prepared, ServedHarness, realize_outcome
+from ..serve.sandboxed import Lineage
 
 
 class RunnerUpstream:
@@ -67,19 +68,26 @@ class EpisodeLayers:
         self.choices = tuple(str(c) for c in (public.get("choices") or ()))
         self.last_observation = ""  # the newest tool result the agent sent (H2's `last_observation`)
 
-    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...]) -> Prepared:
-        prepared = await self.served.prepare(messages, tools)
+    async def prepare(self, messages: list[Message], tools: tuple[ToolSpec, ...], lineage: Lineage | None = None
+                      ) -> Prepared:
+        prepared = await self.served.prepare(messages, tools, lineage)
         if prepared.observations:
             self.last_observation = str(prepared.observations[-1]["text"])
         return prepared
 
-    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str) -> Outcome:
+    async def realize(self, reply: Reply, tools: tuple[ToolSpec, ...], turn: int, task_prompt: str,
+                      lineage: Lineage | None = None) -> Outcome:
         if not self.served.has_action:  # the library's H2 only (no harness code): here, with the task's context
             ctx = ActionContext(tools, turn, task_prompt, False, self.choices, self.last_observation)
             return realize_outcome(native_realize, self.served.repairs, reply, tools, turn, task_prompt, ctx)
-        outcome = await self.served.realize(reply, tools, turn, task_prompt)
+        outcome = await self.served.realize(reply, tools, turn, task_prompt, lineage)
         outcome.actions = [Action("answer", a.input) if a.is_respond else a for a in outcome.actions]
         return outcome
+
+
+    async def end_turn(self, lineage: Lineage, reply: Message | None) -> None:
+        """The request is over: its sandboxed worker is kept for the episode's next request, or ended."""
+        await self.served.end_turn(lineage, reply)
 
 
 class LayerCache:
