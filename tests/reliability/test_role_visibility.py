@@ -46,6 +46,7 @@ async def test_roles_see_aggregate_val_scores_and_no_val_or_test_task(tmp_path: 
                 "answer": str(2 * i + 7), "split": "test"} for i in range(3)])
     config = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
                                 f'run.run_dir="{tmp_path / "run"}"', "train.rounds=2", 'train.accept_on="val"',
+                                'train.acceptance="strict"',  # the aggregate's wording below is the strict rule's
                                 f'cache.path="{tmp_path / "c.sqlite"}"'])
     ws = Workspace.open(config)
     ws.backends["agent|scripted:agent"] = ScriptedModel(agent, name="adder")
