@@ -87,7 +87,7 @@ class AgentSection(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)  # variables set for the program
     pass_env: list[str] = Field(default_factory=list)  # host variables kept although they look like keys
     version: str = ""  # a label you change when code the command does not name changes (it enters run ids)
-    max_requests: int = 100  # model requests one episode may make; then its endpoint refuses (429)
+    max_requests: Positive = 100  # model requests one episode may make; then its endpoint refuses (429)
 
     @field_validator("command", mode="before")
     @classmethod
