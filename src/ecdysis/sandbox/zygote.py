@@ -106,10 +106,16 @@ def main() -> int:
             preload = getattr(module, "preload_sandbox", None)
             if callable(preload):  # what its episodes import (τ²: seconds of imports), done once for all
                 preload()
+    return serve_forks(control, _probe(), _intermediate)
+
+
+def serve_forks(control: socket.socket, nested_ok: bool, child: Callable[[int, int], object]) -> int:
+    """The template's loop (shared with serve's): freeze what is imported, say ready (with whether nested
+    namespaces work here), then fork one child per request of two descriptors (channel, stderr), `child` running
+    in it; a fork the process budget refuses is answered with the error, never a crash of the template."""
     gc.freeze()  # what is imported now stays put: a child's collections do not copy the shared pages
-    ok = _probe()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    control.sendall(json.dumps({"op": "ready", "pid": os.getpid(), "nested": ok}).encode())
+    control.sendall(json.dumps({"op": "ready", "pid": os.getpid(), "nested": nested_ok}).encode())
     while True:
         message, fds, _, _ = socket.recv_fds(control, 1024, 2)
         if not message:
@@ -121,12 +127,12 @@ def main() -> int:
             continue
         try:
             pid = os.fork()
-        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb among the episodes)
+        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb in a child)
             pid, error = 0, f"fork failed: {exc}"
         else:
             if pid == 0:
                 control.close()
-                _intermediate(*fds)
+                child(*fds)
         for fd in fds:
             os.close(fd)
         control.sendall(json.dumps({"pid": pid} if pid else {"error": error}).encode())

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import gc
 import json
 import os
 import select
@@ -261,31 +260,9 @@ def main(argv: list[str]) -> int:
     harness = None
     with contextlib.suppress(Exception):  # a harness that does not load is reported by each child
         harness = load_harness(root)
-    gc.freeze()  # what is imported now stays put: a child's collections do not copy the shared pages
-    ok = _probe()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
-    control.sendall(json.dumps({"op": "ready", "pid": os.getpid(), "nested": ok}).encode())
-    while True:
-        message, fds, _, _ = socket.recv_fds(control, 1024, 2)
-        if not message:
-            return 0
-        if len(fds) != 2:
-            for fd in fds:
-                os.close(fd)
-            control.sendall(json.dumps({"error": "expected two descriptors"}).encode())
-            continue
-        try:
-            pid = os.fork()
-        except OSError as exc:  # the cgroup's process budget is spent (a fork bomb in a worker)
-            pid, error = 0, f"fork failed: {exc}"
-        else:
-            if pid == 0:
-                control.close()
-                _worker_child(fds[0], fds[1], root, limits, harness)
-        for fd in fds:
-            os.close(fd)
-        control.sendall(json.dumps({"pid": pid} if pid else {"error": error}).encode())
+    from ..sandbox.zygote import serve_forks
 
+    return serve_forks(control, _probe(), lambda channel, stderr: _worker_child(channel, stderr, root, limits, harness))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
