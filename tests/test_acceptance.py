@@ -300,3 +300,75 @@ def test_init_proposes_a_val_size_for_a_task_file(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "proposed val size for train.min_effect = 0.1: 134 task(s)" in out.output
     assert "cannot be told from noise" in out.output
+
+
+# the final-selection check ----------------------------------------------------------------------------------------
+def holdout_ws(tmp_path: Path, rule_hurts_holdout: bool) -> tuple[Workspace, set[str]]:
+    """16 val tasks decide (val_limit), 8 more are the held-out slice. The rule makes the agent right on the
+    acceptance tasks; on the held-out ones it is right without the rule and, if `rule_hurts_holdout`, wrong with it."""
+    rows = [{"id": f"{s}{k:02d}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3), "split": split}
+            for s, split, base, n in (("t", "train", 0, 6), ("v", "val", 10, 24), ("x", "test", 40, 2))
+            for k, i in enumerate(range(base, base + n))]
+    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"', "train.rounds=1",
+                             f'run.run_dir="{tmp_path / "run"}"', f'cache.path="{tmp_path / "c.sqlite"}"',
+                             "train.acceptance=sequential", "train.engine.eval_batch=4", 'train.accept_on="val"',
+                             "train.val_limit=16", "train.engine.skip_debate_when_verified=false"])
+    ws = Workspace.open(cfg)
+    held = {t.prompt for t in ws.tasks("val", None)[16:]}
+
+    def agent(messages: list[Message]) -> str:
+        question = next(m.content for m in messages if m.role == "user" and m.content.startswith("Add"))
+        told = any(RULE_TEXT in m.content for m in messages)
+        if question.strip() in held:
+            a, b = map(int, re.findall(r"\d+", question)[:2])
+            return "I am not sure." if told and rule_hurts_holdout else f"Answer: {a + b}"
+        return answers_when_told(messages)
+
+    ws.backends["agent|scripted:agent"] = ScriptedModel(agent, name="agent")
+    for role in ROLES:
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(spec=RULE_SPEC), name="roles")
+    return ws, held
+
+
+async def test_a_harness_worse_on_fresh_val_tasks_is_not_frozen(tmp_path: Path) -> None:
+    """Accepted on the 16 acceptance tasks, the rule loses all 8 held-out tasks: the final-selection check shows a
+    loss at alpha and the seed is frozen; the record and the summary say so."""
+    ws, held = holdout_ws(tmp_path, rule_hurts_holdout=True)
+    assert len(held) == 8
+    result = await train_async(ws.config, "aggregate", ws=ws)
+    assert result.rounds[0].accepted
+    check = result.holdout
+    assert check is not None and (check.tasks, check.wins, check.losses) == (8, 0, 8)
+    assert (check.seed_score, check.final_score) == (1.0, 0.0)
+    assert check.p_worse == pytest.approx(1 / 256) and check.kept == "seed"
+    assert result.final_harness_id == result.seed_harness_id  # the seed was frozen
+    assert result.test_after == {**result.test_after, "accuracy": result.test_before["accuracy"]}
+    stored = ws.store.get_record(result.run_id, "holdout", "check")
+    assert stored["kept"] == "seed" and load_run(ws.store, result.run_id).holdout == check
+    out = io.StringIO()
+    from ecdysis.cli.views import train_summary
+
+    train_summary(Console(file=out, width=300), result)
+    assert "final-selection check on 8 held-out val task(s): seed 1.000 -> trained 0.000" in out.getvalue()
+    assert "the seed is frozen" in out.getvalue()
+
+
+async def test_a_harness_that_holds_on_fresh_val_tasks_is_frozen(tmp_path: Path) -> None:
+    ws, _ = holdout_ws(tmp_path, rule_hurts_holdout=False)
+    result = await train_async(ws.config, "aggregate", ws=ws)
+    check = result.holdout
+    assert result.rounds[0].accepted and check is not None
+    assert (check.tasks, check.wins, check.losses, check.kept) == (8, 0, 0, "final")
+    assert result.final_harness_id == result.rounds[0].harness_after != result.seed_harness_id
+
+
+def test_the_held_out_slice_is_sized_from_what_is_left() -> None:
+    from ecdysis.config import TrainSection
+    from ecdysis.trainer.holdout import holdout_size
+
+    assert holdout_size(TrainSection(val_limit=16), 7) == 0  # "auto": fewer than 8 left, no check
+    assert holdout_size(TrainSection(val_limit=16), 30) == 16  # "auto": as many as decide
+    assert holdout_size(TrainSection(val_limit=6), 30) == 0  # ... and never fewer than 8
+    assert holdout_size(TrainSection(val_limit=6, holdout_limit=4), 30) == 4
+    assert holdout_size(TrainSection(val_limit=6, holdout_limit=40), 30) == 30
+    assert holdout_size(TrainSection(holdout_limit=0), 30) == 0

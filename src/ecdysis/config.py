@@ -174,6 +174,9 @@ class TrainSection(BaseModel):
     # were diagnosed on), or "auto": val when the environment has at least min_val_tasks val tasks
     accept_on: Literal["auto", "val", "train"] = "auto"
     val_limit: TaskLimit = 20
+    # final-selection check before freezing (trainer/holdout.py): the trained harness against the seed on this
+    # many val tasks beyond val_limit; "auto": as many as val_limit when the pool has >= 8 more; 0: off
+    holdout_limit: Literal["auto"] | NonNegative = "auto"
     min_val_tasks: Positive = 4
     tolerance: Fraction = 0.05
     implement_attempts: Positive = 4

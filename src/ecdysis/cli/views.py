@@ -78,6 +78,8 @@ def train_summary(console: Console, r: Any) -> None:
     table.add_row("stop", r.stop_reason)
     table.add_row("harness", f"{r.seed_harness_id[:8]} -> {r.final_harness_id[:8]} (frozen in {r.frozen_dir})")
     table.add_row("edits decided on", accept_rule_text(r.accept_rule))
+    if getattr(r, "holdout", None) is not None:
+        table.add_row("final-selection check", r.holdout.line())
     table.add_row("train accuracy", f"{_fmt(r.train_before)} -> {_fmt(r.train_after)}")  # None: not evaluated
     if r.val_before is not None:
         table.add_row("val accuracy", f"{r.val_before:.3f} -> {r.val_after:.3f}")
@@ -289,6 +291,8 @@ def training_overview(console: Console, run: Any) -> None:
     console.print(rounds)
     if run.accept_rule is not None:
         console.print(f"edits decided on {accept_rule_text(run.accept_rule)}", markup=False)
+    if run.holdout is not None:
+        console.print(run.holdout.line(), markup=False)
     decisions = [(f"{r.record.round}{label}", ev) for r in run.rounds for label, ev in decision_evidence(r.record)]
     if decisions:
         table = Table(title="Decisions: the evidence that decided each one")

@@ -15,6 +15,7 @@ from ..harness.manifest import diff_versions
 from ..runner.failures import FailureCounts, count_failures
 from ..store.db import RunStore
 from ..trainer import records
+from ..trainer.holdout import HoldoutCheck
 from ..trainer.records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
 
 
@@ -94,6 +95,7 @@ class RunView:
     lineage: list[VersionNode] = field(default_factory=list)
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # anchor -> episode shown from evidence
     accept_rule: AcceptRule | None = None
+    holdout: HoldoutCheck | None = None  # the final-selection check (trainer/holdout.py)
 
     @property
     def arm(self) -> str:
@@ -231,6 +233,8 @@ def load_run(store: RunStore, run_id: str) -> RunView:
     view.evaluations = evaluation_rows(store, run_id)
     view.calls = store.call_totals(run_id)
     view.accept_rule = records.load(store, run_id, AcceptRule, "accept_on")
+    checked = store.get_record(run_id, "holdout", "check")
+    view.holdout = HoldoutCheck.model_validate(checked) if checked is not None else None
     round_records = [r for _, r in records.load_all(store, run_id, RoundRecord)]
     round_records.sort(key=lambda r: r.round)
     elapsed = _elapsed(dict(store.records(run_id, "timing")), len(round_records))

@@ -61,6 +61,8 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
         final, rounds, stop = await engine.train(seed)
         spend = engine.spend()
         curve = engine.curve()
+        checked = await engine.holdout_check(seed, final)
+        final = seed if checked is not None and checked.kept == "seed" else final
         frozen, test_before, test_after = await engine.freeze_and_test(seed, final)
         val_before, val_after = await engine.val_scores(seed, final)
     except GraderFailed as exc:  # nothing to learn from a grader's failures: the run says why it stopped
@@ -71,7 +73,7 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
         run_id=run_id, arm=spec.name, seed_harness_id=seed.id, final_harness_id=final.id, frozen_dir=frozen,
         stop_reason=stop, val_before=val_before, val_after=val_after, test_before=test_before, test_after=test_after,
         wall_s=spend.wall_s, agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
-        budget=engine.budget, curve=curve, rounds=rounds, accept_rule=engine.accept_rule,
+        budget=engine.budget, curve=curve, rounds=rounds, accept_rule=engine.accept_rule, holdout=checked,
         train_before=curve[0].train_score if curve else None, train_after=engine.score(final, "train"),
         **RunCosts.of_run(ws.store, run_id).as_kwargs())
     ws.store.finish_run(run_id, result.to_dict())

@@ -21,7 +21,7 @@ from ..models.base import ChatRequest, ChatResponse
 from ..models.cache import MeteredModel
 from ..runner.runner import Runner
 from ..workspace import Workspace
-from . import records
+from . import holdout, records
 from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
@@ -119,7 +119,8 @@ class TrainContext:
                else "configured" if t.accept_on == "train"
                else f"only {len(val)} val task(s) (< {t.min_val_tasks}): deciding on the training tasks")
         n = len(val) if on_val else len(self.train_tasks)
-        advice = advise(n, len(self.train_tasks) + len(val), t.min_effect, t.alpha, t.acceptance)
+        pool = len(self.ws.tasks("train", None)) + len(self.ws.tasks("val", None))  # not the limits: what there is
+        advice = advise(n, pool, t.min_effect, t.alpha, t.acceptance)
         if advice.warning:
             self.view.note(f"[yellow]acceptance split: {advice.warning}[/]")
         if self.stochastic() and t.train_trials == 1:
@@ -201,6 +202,18 @@ class TrainContext:
         patterns = attach(self.patterns_of(trajectories), measurements, trajectories, tasks)
         self.store.put_record(self.run_id, "patterns", key, [p.to_dict() for p in patterns])
         return patterns, measurements
+
+    async def holdout_check(self, seed: HarnessVersion, final: HarnessVersion) -> holdout.HoldoutCheck | None:
+        """The final-selection check (holdout.py) on the val tasks beyond the acceptance split, recorded with the
+        run (timed, not charged to the training budget); None when there is nothing to check."""
+        tasks = holdout.holdout_tasks(self.ws.tasks("val", None), self.val_tasks, self.cfg.train)
+        result = await self._timed("holdout", lambda: holdout.check(self.runner, seed, final, tasks,
+                                                                    self.cfg.train.train_trials,
+                                                                    self.cfg.train.alpha))
+        if result is not None:
+            self.store.put_record(self.run_id, "holdout", "check", result.model_dump(mode="json"))
+            self.view.note(("[yellow]" if result.kept == "seed" else "[dim]") + result.line() + "[/]")
+        return result
 
     async def freeze_and_test(self, seed: HarnessVersion, final: HarnessVersion,
                               test_seed: bool = True) -> tuple[Path, dict[str, Any] | None, dict[str, Any]]:

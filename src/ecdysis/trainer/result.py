@@ -9,6 +9,7 @@ from typing import Any
 
 from ..store.db import RunStore
 from .budget import Budget, optimizer_spend, training_spend
+from .holdout import HoldoutCheck
 from .records import AcceptRule, CurvePoint, RoundRecord
 
 
@@ -37,6 +38,7 @@ class TrainResult:
     curve: list[CurvePoint] = field(default_factory=list)  # point 0: the seed; then one per decision
     rounds: list[RoundRecord] = field(default_factory=list)  # the engine's rounds (gepa: none)
     accept_rule: AcceptRule | None = None  # the engine's acceptance split and rule (gepa: its own Pareto front)
+    holdout: HoldoutCheck | None = None  # the final-selection check on fresh val tasks (None: not run)
     train_before: float | None = None
     train_after: float | None = None  # None: the final harness has no complete train evaluation (never a made-up 0)
     timings: dict[str, float] = field(default_factory=dict)
@@ -55,6 +57,7 @@ class TrainResult:
         out = {k: (str(v) if isinstance(v, Path) else v) for k, v in self.__dict__.items()}
         return out | {"rounds": [r.model_dump(mode="json") for r in self.rounds], "budget": asdict(self.budget),
                       "accept_rule": self.accept_rule.model_dump(mode="json") if self.accept_rule else None,
+                      "holdout": self.holdout.model_dump(mode="json") if self.holdout else None,
                       "curve": [p.model_dump(mode="json") for p in self.curve]}
 
 
