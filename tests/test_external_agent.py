@@ -198,7 +198,7 @@ def test_init_writes_an_agent_project_and_eval_runs_it_from_the_command_line(tmp
                           text=True, timeout=120)
     assert init.returncode == 0, init.stderr
     config = (tmp_path / "ecdysis.toml").read_text()
-    assert 'command = ["python", "agent.py"]' in config
+    assert 'command = ["python", "agent.py"]' in config and config.count("command =") == 1  # no leftover hint
     assert (tmp_path / "harness" / "contract.md").read_text() == ""
     done = subprocess.run([*cli, "eval", "-c", str(tmp_path / "ecdysis.toml"), "--model",
                            f"scripted:@{tmp_path / 'replies.json'}", "--json", "--limit", "4"], cwd=tmp_path, env=env,

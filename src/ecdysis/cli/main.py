@@ -245,7 +245,8 @@ def init(
         if env_path:
             text = text.replace(f'name = "{env}"\n', f'name = "{env}"\n{env_path}')
         if agent_lines:
-            text = text.replace('harness = "harness"\n', f'harness = "harness"\n{agent_lines}')
+            text = "".join(agent_lines if line.startswith("# your own agent program") else line
+                           for line in text.splitlines(keepends=True))  # the hint's place, the program's lines
         config_path.write_text(with_models(text, model, roles_model))
         console.print(f"[green]wrote[/] {harness_dir} and {config_path}")
         default = local_models.get_spec(local_models.DEFAULT_LOCAL_MODEL)
