@@ -9,14 +9,15 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ecdysis.config import load_config
+from ecdysis.config import Config, load_config
 from ecdysis.harness.manifest import HarnessVersion, version_from_files
 from ecdysis.models import ChatRequest, GenerationParams, Message, ScriptedModel
 from ecdysis.workspace import Workspace, seed_harness_dir
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
 BOXED_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H2", "kind": "enable_repair", "file": "",
-              "text": "accept boxed answers", "repair": "boxed_answer", "value": 0, "rationale": "replies end in boxed"}],
+              "text": "accept boxed answers", "repair": "boxed_answer", "value": 0,
+              "rationale": "replies end in boxed"}],
               "skills": [], "implementation_notes": "", "expected_effect": "format failures disappear"}
 
 
@@ -95,6 +96,16 @@ def jsonl_project(tmp_path: Path, rows: list[dict[str, Any]]) -> list[str]:
             "run.progress=false"]
 
 
+def scripted_workspace(cfg: Config, agent: ScriptedModel, roles: Callable[[list[Message]], str]) -> Workspace:
+    """The workspace of `cfg` (its models `scripted:agent`): `agent` answers as the agent, `roles` as every
+    optimizer role (a scripted model of its own per role)."""
+    ws = Workspace.open(cfg)
+    ws.backends["agent|scripted:agent"] = agent
+    for role in ROLES:
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
+    return ws
+
+
 def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str,
             rows: list[dict[str, Any]] | None = None) -> Workspace:
     """A workspace on a JSONL suite of additions (`rows`, default 6 train + 4 test), the scripted agent and roles."""
@@ -104,10 +115,6 @@ def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str,
                              f'run.run_dir="{tmp_path / "run"}"', "train.rounds=3",
                              "train.train_limit=6", "train.test_limit=4", f'cache.path="{tmp_path / "c.sqlite"}"',
                              *overrides])
-    ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = agent
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
-    return ws
+    return scripted_workspace(cfg, agent, roles)
 
 

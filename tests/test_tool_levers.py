@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from helpers import ROLES, Roles
+from helpers import Roles, scripted_workspace
 
 from ecdysis.config import load_config
 from ecdysis.harness.skills import parse_demos
@@ -60,11 +60,7 @@ def functions_ws(tmp_path: Path, model: ScriptedModel, spec: dict | None = None,
     cfg = load_config(None, ['env.name="functions_env:environment"', f'env.plugin_path=["{FUNCTIONS}"]',
                              'agent.model="scripted:agent"', f'run.run_dir="{tmp_path / "run"}"', "run.progress=false",
                              f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
-    ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = model
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(spec=spec or RULE_SPEC), name="roles")
-    return ws
+    return scripted_workspace(cfg, model, Roles(spec=spec or RULE_SPEC))
 
 
 def test_tool_call_repairs_replay_exactly_on_single_turn_tool_episodes(tmp_path: Path) -> None:

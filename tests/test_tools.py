@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ROLES, Roles
+from helpers import Roles, scripted_workspace
 
 from ecdysis.agent.realize import realize_message
 from ecdysis.config import load_config
@@ -71,11 +71,7 @@ def helpdesk_ws(tmp_path: Path, agent: ScriptedModel, *overrides: str) -> Worksp
     cfg = load_config(None, ['env.name="helpdesk_env:environment"', f'env.plugin_path=["{EXAMPLE}"]',
                              'agent.model="scripted:agent"', f'run.run_dir="{tmp_path / "run"}"', "run.progress=false",
                              f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
-    ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = agent
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(spec=COERCE_SPEC), name="roles")
-    return ws
+    return scripted_workspace(cfg, agent, Roles(spec=COERCE_SPEC))
 
 
 DB = json.loads((EXAMPLE / "db.json").read_text())["customers"]

@@ -374,6 +374,21 @@ def _portable_ref(ref: str) -> str:
     return f"local:{Path(ref[6:]).name}" if ref.startswith("local:/") else ref
 
 
+def program_fingerprint(agent: AgentSection) -> list[str]:
+    """The command (or callable) with every argument naming a file under its folder replaced by that file's
+    content hash, so editing the agent's script starts new runs instead of resuming stale ones; plus
+    `agent.version` for code the command does not name."""
+    cwd = Path(agent.cwd or Path.cwd())
+    parts = list(agent.command) or [agent.callable]
+    out = []
+    for part in parts:
+        name = part.split(":", 1)[0] if part == agent.callable else part
+        candidates = [cwd / name, cwd / (name.replace(".", "/") + ".py")] if part == agent.callable else [cwd / name]
+        found = next((p for p in candidates if p.is_file()), None)
+        out.append(f"{part}@sha256:{hashlib.sha256(found.read_bytes()).hexdigest()[:16]}" if found else part)
+    return out + ([f"version:{agent.version}"] if agent.version else [])
+
+
 def identity_json(config: Config) -> str:
     """The config as far as it decides a run's results, as canonical JSON (what run ids hash): execution-only
     and location-only settings left out, the harness directory and files named in `env.options` standing for
@@ -384,8 +399,6 @@ def identity_json(config: Config) -> str:
         data["agent"]["harness"] = f"sha256:{_content_hash(harness)}" if harness.exists() else harness.name
     data["agent"]["model"] = _portable_ref(config.agent.model)
     if config.agent.external:  # the program's files (a script the command names) stand for their content
-        from .external.program import program_fingerprint
-
         data["agent"]["command"] = program_fingerprint(config.agent)
     else:  # the library's own loop: the same identity as before agent programs existed
         for key in EXTERNAL_AGENT_KEYS:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import Check
+from .check import Check
 from .probe import EXIT_MODEL, EXIT_NO_LLAMA, EXIT_SHORT
 
 # llama_print_system_info names -> /proc/cpuinfo flags (x86); features without a flag here are not CPU

@@ -14,7 +14,7 @@ import sys
 from importlib.util import find_spec
 from pathlib import Path
 
-from . import Check
+from .check import Check
 
 BWRAP_FIX = "install bubblewrap: `sudo apt-get install bubblewrap` (Debian/Ubuntu; `dnf install bubblewrap` on Fedora)"
 BWRAP_BASE = ("--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev",

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -93,21 +92,6 @@ def resolve_command(command: list[str], cwd: Path) -> list[str]:
     if found is None:
         raise ConfigError(f"agent.command: program {head!r} not found on PATH")
     return [found, *rest]
-
-
-def program_fingerprint(agent: AgentSection) -> list[str]:
-    """The command (or callable) with every argument naming a file under its folder replaced by that file's
-    content hash, so editing the agent's script starts new runs instead of resuming stale ones; plus
-    `agent.version` for code the command does not name."""
-    cwd = Path(agent.cwd or Path.cwd())
-    parts = list(agent.command) or [agent.callable]
-    out = []
-    for part in parts:
-        name = part.split(":", 1)[0] if part == agent.callable else part
-        candidates = [cwd / name, cwd / (name.replace(".", "/") + ".py")] if part == agent.callable else [cwd / name]
-        found = next((p for p in candidates if p.is_file()), None)
-        out.append(f"{part}@sha256:{hashlib.sha256(found.read_bytes()).hexdigest()[:16]}" if found else part)
-    return out + ([f"version:{agent.version}"] if agent.version else [])
 
 
 @dataclass

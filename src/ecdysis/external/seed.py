@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..harness.generic_seed import seed_manifest
 from ..harness.manifest import HarnessVersion, version_from_files
 
 
@@ -19,29 +20,9 @@ def agent_seed_files(env_name: str, label: str = "") -> dict[str, str]:
     what = f" ({label})" if label else ""
     description = json.dumps(f"Seed harness of an agent program{what}: adds nothing to its requests; H2 validates "
                              "its tool calls.")
-    manifest = f'''name = "agent-seed"
-env = {json.dumps(env_name)}
-mode = "layered"
-tool_calling = "native"
-description = {description}
-
-[generation]
-# used only where the agent's request leaves a field out
-temperature = 0.0
-max_tokens = 512
-
-[budget]
-max_turns = 30
-max_rejections = 2
-top_k_skills = 2
-
-[files]
-contract = "contract.md"
-skills = "skills.json"
-demos = "demos.json"
-action = ""
-regulate = ""
-'''
+    manifest = seed_manifest('"agent-seed"', json.dumps(env_name), "native", description, max_tokens=512,
+                             max_turns=30, regulate="",
+                             generation_note="used only where the agent's request leaves a field out")
     return {"harness.toml": manifest, "contract.md": "", "skills.json": "[]\n", "demos.json": "[]\n"}
 
 

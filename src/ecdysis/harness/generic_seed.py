@@ -1,8 +1,8 @@
 """A working seed harness written from what an environment declares (its tools and instructions).
 
-Used by `ecdysis init DIR --env REF` and as the default harness of environments without a
-built-in seed. Schema tools get native function calling and the library's default H2
-(`native_realize`); H4 flags repeated identical calls.
+Used by `ecdysis init DIR --env REF` and as the default harness of environments without a built-in seed.
+Schema tools get native function calling and the library's default H2 (`native_realize`); H4 flags repeated
+identical calls. `seed_manifest` writes the manifest of this seed and of an agent program's (`external.seed`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ FINAL_RULES = "When the task is done, reply in one short sentence without callin
 def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     """Seed harness files for `env` (an Environment; optional attributes: tools, instructions,
     tool_calling, conversational, max_turns, task_tools (each task brings its own tools), parallel_calls
-    (several calls in one reply are expected), ends_itself (episodes end after their calls: no final reply)). With task-level tools the contract does not list tools (they
-    reach the model through the function-calling API), so the system prompt stays the same for every task."""
+    (several calls in one reply are expected), ends_itself (episodes end after their calls: no final reply)).
+    With task-level tools the contract does not list tools (they reach the model through the function-calling
+    API), so the system prompt stays the same for every task."""
     tools = tuple(getattr(env, "tools", ()) or ())
     task_tools = bool(getattr(env, "task_tools", False))
     parallel = bool(getattr(env, "parallel_calls", False))
@@ -56,15 +57,28 @@ def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     elif not getattr(env, "ends_itself", False):  # an episode that ends after its calls has no final reply
         parts.append(FINAL_RULES)
     max_turns = int(getattr(env, "max_turns", 30 if conversational else 10))
-    manifest = f'''name = "{env_name.replace(":", "-")}-seed"
-env = "{env_name}"
+    manifest = seed_manifest(f'"{env_name.replace(":", "-")}-seed"', f'"{env_name}"', native,
+                             '"Seed harness written by `ecdysis init` from the environment\'s tools and instructions."',
+                             max_tokens=300, max_turns=max_turns, regulate="regulate.py")
+    return {"harness.toml": manifest, "contract.md": "\n\n".join(parts) + "\n", "skills.json": "[]\n",
+            "demos.json": "[]\n", "regulate.py": REGULATE}
+
+
+def seed_manifest(name: str, env: str, tool_calling: str, description: str, max_tokens: int, max_turns: int,
+                  regulate: str, generation_note: str = "") -> str:
+    """The `harness.toml` of a written seed (this one, `external.seed`'s): layered, at most 2 rejections and 2
+    skills, no action file. `name`, `env` and `description` are TOML strings as written (quoted); the text is
+    part of the seed's version id, so it must not change for the same arguments."""
+    note = f"# {generation_note}\n" if generation_note else ""
+    return f'''name = {name}
+env = {env}
 mode = "layered"
-tool_calling = "{native}"
-description = "Seed harness written by `ecdysis init` from the environment's tools and instructions."
+tool_calling = "{tool_calling}"
+description = {description}
 
 [generation]
-temperature = 0.0
-max_tokens = 300
+{note}temperature = 0.0
+max_tokens = {max_tokens}
 
 [budget]
 max_turns = {max_turns}
@@ -76,10 +90,8 @@ contract = "contract.md"
 skills = "skills.json"
 demos = "demos.json"
 action = ""
-regulate = "regulate.py"
+regulate = "{regulate}"
 '''
-    return {"harness.toml": manifest, "contract.md": "\n\n".join(parts) + "\n", "skills.json": "[]\n",
-            "demos.json": "[]\n", "regulate.py": REGULATE}
 
 
 def generic_seed(env_name: str, env: Any) -> HarnessVersion:

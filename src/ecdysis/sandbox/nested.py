@@ -9,17 +9,23 @@ reach the next episode), a /proc holding only /proc/self, then every capability 
 set. What an episode writes, listens on or runs is invisible to every other episode; mounts inherited from
 the parent namespace are locked by the kernel, so the covered ones cannot be uncovered.
 
+`run_sealed(body)` does both steps for a zygote's forked child; `works_here()` probes, once, whether the kernel
+and bubblewrap allow it (if not, the host starts a fresh worker per episode instead).
+
 A read-only bind below a writable place (the project, its venv or a plugin in a folder under /tmp) is
 bound again on top of the fresh tmpfs, read-only, so the episode sees exactly what the zygote saw there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
 import signal
 import stat
+import traceback
+from collections.abc import Callable
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -92,6 +98,40 @@ def seal_episode(workdir: str = "/sandbox") -> None:
     _mount(None, "/proc", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     os.chdir(workdir)  # the old cwd is the zygote's directory, not this episode's fresh one
     _drop_capabilities()
+
+
+def run_sealed(body: Callable[[], int]) -> int:
+    """Enter fresh namespaces and run `body` in a child that is PID 1 of them and sealed; its exit status.
+    A failure in the child is written to its stderr (fd 2)."""
+    enter_namespaces()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            seal_episode()
+            code = body()
+        except BaseException:  # noqa: BLE001 - reported on stderr, ends the child
+            with contextlib.suppress(OSError):
+                os.write(2, traceback.format_exc().encode())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def works_here() -> bool:
+    """Whether a child can enter and seal fresh namespaces here (kernel and bubblewrap allow nesting)."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            code = run_sealed(lambda: 0)
+        except BaseException:  # noqa: BLE001, S110 - refused: the host starts fresh workers instead
+            pass
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _mount_points() -> list[str]:

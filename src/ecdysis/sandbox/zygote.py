@@ -34,24 +34,6 @@ PRELOAD = ("ecdysis.agent.loop", "ecdysis.agent.trajectory", "ecdysis.envs", "ec
            "ecdysis.sandbox.protocol", "ecdysis.sandbox.worker")
 
 
-def _in_fresh_namespaces(body: Callable[[], int]) -> int:
-    """Enter fresh namespaces, run `body` in a child that is PID 1 of them and sealed; its exit status.
-    A failure in the child is written to its stderr (fd 2)."""
-    nested.enter_namespaces()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            nested.seal_episode()
-            code = body()
-        except BaseException:  # noqa: BLE001 - reported on stderr, ends the child
-            os.write(2, traceback.format_exc().encode())
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 def _episode(channel: int, stderr: int) -> int:
     """In the sealed episode: wire the channel to stdin/stdout and stderr to fd 2, run the worker."""
     from .worker import main as worker_main
@@ -68,36 +50,16 @@ def _intermediate(channel: int, stderr: int) -> None:
     """The forked child: run the episode in fresh namespaces, then report on the channel how it ended."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     try:
-        status = _in_fresh_namespaces(lambda: _episode(channel, stderr))
+        status = nested.run_sealed(lambda: _episode(channel, stderr))
         os.write(channel, encode(ExitNote(status=status)))
     except BaseException:  # noqa: BLE001
         os.write(stderr, f"episode setup failed in the zygote's child:\n{traceback.format_exc()}".encode())
     os._exit(0)
 
 
-def _probe() -> bool:
-    """Whether a child can enter and seal fresh namespaces here (kernel and bubblewrap allow nesting)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = _in_fresh_namespaces(lambda: 0)
-        except BaseException:  # noqa: BLE001 - refused: the host starts fresh workers instead
-            pass
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
 def main() -> int:
     yield_cpu()  # like every worker; the episodes it forks stay at this niceness
-    control = socket.socket(fileno=os.dup(0))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for name in PRELOAD:
-        import_module(name)
+    control = take_control(PRELOAD)
     build_schemas()  # once here, not in every episode
     if len(sys.argv) > 1:  # the environment's module, found on its plugin paths as the worker finds it
         sys.path.extend(sys.argv[2:])
@@ -106,7 +68,19 @@ def main() -> int:
             preload = getattr(module, "preload_sandbox", None)
             if callable(preload):  # what its episodes import (τ²: seconds of imports), done once for all
                 preload()
-    return serve_forks(control, _probe(), _intermediate)
+    return serve_forks(control, nested.works_here(), _intermediate)
+
+
+def take_control(preload: tuple[str, ...]) -> socket.socket:
+    """A template's start (shared with serve's): the control socket the host gave as stdin, stdin itself then
+    /dev/null, and the `preload` modules imported."""
+    control = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    for name in preload:
+        import_module(name)
+    return control
 
 
 def serve_forks(control: socket.socket, nested_ok: bool, child: Callable[[int, int], object]) -> int:

@@ -184,29 +184,11 @@ def _private_stdio(stderr: int, keep: int) -> None:
     sys.stdout = sys.stderr
 
 
-def _in_fresh_namespaces(body: Callable[[], int]) -> int:
-    """Enter fresh namespaces and run `body` in a child that is PID 1 of them and sealed; its exit status."""
-    from ..sandbox import nested
-
-    nested.enter_namespaces()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            nested.seal_episode()
-            code = body()
-        except BaseException:  # noqa: BLE001 - reported on stderr, ends the child
-            with contextlib.suppress(OSError):
-                os.write(2, traceback.format_exc().encode())
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
-
-
 def _worker_child(channel: int, stderr: int, root: Path, limits: dict[str, Any],
                    harness: HarnessVersion | None) -> None:
     """The forked child: the worker in fresh namespaces (PID 1 of its own: killing this process ends them)."""
+    from ..sandbox import nested
+
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
     def body() -> int:
@@ -214,26 +196,11 @@ def _worker_child(channel: int, stderr: int, root: Path, limits: dict[str, Any],
         return serve_requests(channel, channel, root, limits, "bwrap+worker-ns", harness)
 
     try:
-        _in_fresh_namespaces(body)
+        nested.run_sealed(body)
     except BaseException:  # noqa: BLE001
         with contextlib.suppress(OSError):
             os.write(stderr, f"worker setup failed in the template's child:\n{traceback.format_exc()}".encode())
     os._exit(0)
-
-
-def _probe() -> bool:
-    """Whether a child can enter and seal fresh namespaces here (kernel and bubblewrap allow nesting)."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = _in_fresh_namespaces(lambda: 0)
-        except BaseException:  # noqa: BLE001, S110 - refused: the host starts fresh worker processes instead
-            pass
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
 
 
 def _once(root: Path, limits: dict[str, Any], confined: str) -> int:
@@ -247,22 +214,19 @@ def _once(root: Path, limits: dict[str, Any], confined: str) -> int:
 def main(argv: list[str]) -> int:
     if argv and argv[0] == "--once":
         return _once(Path(argv[1]), json.loads(argv[2]), argv[3] if len(argv) > 3 else "")
+    from ..sandbox import nested
+    from ..sandbox.zygote import serve_forks, take_control
+
     root, limits = Path(argv[0]), json.loads(argv[1])
-    control = socket.socket(fileno=os.dup(0))
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    for name in PRELOAD:
-        import_module(name)
+    control = take_control(PRELOAD)
     from ..harness.manifest import load_harness
     with contextlib.suppress(OSError):
         preload_imports(root)
     harness = None
     with contextlib.suppress(Exception):  # a harness that does not load is reported by each child
         harness = load_harness(root)
-    from ..sandbox.zygote import serve_forks
-
-    return serve_forks(control, _probe(), lambda channel, stderr: _worker_child(channel, stderr, root, limits, harness))
+    return serve_forks(control, nested.works_here(),
+                       lambda channel, stderr: _worker_child(channel, stderr, root, limits, harness))
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -2,10 +2,11 @@
 
 A lever is declared once: its name (a spec change's `kind`), the layer it edits, the range of its `value`,
 the line the roles read, whether its `text` is read by the agent, whether replay verifies it exactly, a
-check of its own fields and how it is applied to a candidate's files. Everything else reads the catalog:
-the spec's kinds and JSON schema and its range checks (`spec.py`), the internals filter of agent text, the
-roles' list of levers (`levers_text`), the deterministic part of a spec, and candidate building
-(`implement.apply_structured`). Adding a lever is one `Lever` in `LEVERS` (and its test).
+check of its own fields and how it is applied to a candidate's files. A spec's `Change` is defined here, its
+`kind` checked against the catalog. Everything else reads the catalog: the spec's JSON schema and range checks
+(`spec.py`), the internals filter of agent text, the roles' list of levers (`levers_text`), the deterministic
+part of a spec, and candidate building (`implement.apply_structured`). Adding a lever is one `Lever` in `LEVERS`
+(and its test).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator
+from pydantic_core import PydanticKnownError
 
 from ..agent.trajectory import Trajectory
 from ..envs.base import Task
@@ -22,8 +26,31 @@ from ..harness.repairs import CATALOG as REPAIRS
 from ..harness.repairs import REPAIRS_FILE
 from .demos import bootstrap_demo, examples_file, labelled_examples
 
-if TYPE_CHECKING:
-    from .spec import Change
+
+def _lever_kind(value: Any) -> str:
+    """A lever of the catalog as it is when the spec is parsed; otherwise the error a `Literal` of the
+    catalog's kinds gives (models read it when asked to repair their spec)."""
+    if isinstance(value, str) and value in LEVERS:
+        return value
+    names = [repr(k) for k in kinds()]
+    expected = names[-1] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+    raise PydanticKnownError("literal_error", {"expected": expected})
+
+
+ChangeKind = Annotated[str, BeforeValidator(_lever_kind)]
+Layer = Literal["H2", "H3", "H4", "H5"]
+
+
+class Change(BaseModel):
+    """One edit of a spec: the lever `kind` pulled, with its fields (`spec.HarnessSpec.changes`)."""
+
+    layer: Layer
+    kind: ChangeKind
+    file: str = ""  # edit_code: the file to rewrite
+    text: str = ""  # add_rule: the rule; add_skill: the tip; edit_code: what to change
+    repair: str = ""  # enable_repair: a name from the repair catalog, or a measured combination "a+b"
+    value: int = 0  # a lever's number (set_max_tokens: tokens; add_examples: k; set_samples: n): the lever's ValueRange
+    rationale: str = ""
 
 
 @dataclass
@@ -57,8 +84,8 @@ class ValueRange:
                 + (" (0: the default)" if self.default else ""))
 
 
-Apply = Callable[[Draft, "Change"], str]
-Check = Callable[["Change", HarnessVersion], "str | None"]
+Apply = Callable[[Draft, Change], str]
+Check = Callable[[Change, HarnessVersion], "str | None"]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from functools import lru_cache
 from math import comb, e, lcm, log, sqrt
 from statistics import NormalDist
 
-from .accept import Decision, evidence, mean_of, missing_reason, paired
+from .decision import Decision, evidence, mean_of, missing_reason, paired
 
 N01 = NormalDist()
 EPS = 1e-12

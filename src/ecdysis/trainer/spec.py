@@ -1,46 +1,21 @@
 """The harness modification specification the Moderator writes: a pydantic model, its JSON schema
 (flat, for grammar-constrained decoding by small models), and semantic validation.
 
-A change's `kind` is a lever of the catalog (`lever_catalog.LEVERS`): the kinds, their value ranges and
-their own checks come from there."""
+A spec's `Change` pulls one lever of the catalog; both are defined in `lever_catalog`: the kinds, their value
+ranges and their own checks come from there."""
 
 from __future__ import annotations
 
 import functools
 import json
 import re
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, BeforeValidator, Field, ValidationError
-from pydantic_core import PydanticKnownError
+from pydantic import BaseModel, Field, ValidationError
 
 from ..harness.manifest import HarnessVersion
 from ..harness.repairs import CATALOG as REPAIRS
-from .lever_catalog import LEVERS, kinds
-
-
-def _lever_kind(value: Any) -> str:
-    """A lever of the catalog as it is when the spec is parsed; otherwise the error a `Literal` of the
-    catalog's kinds gives (models read it when asked to repair their spec)."""
-    if isinstance(value, str) and value in LEVERS:
-        return value
-    names = [repr(k) for k in kinds()]
-    expected = names[-1] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    raise PydanticKnownError("literal_error", {"expected": expected})
-
-
-ChangeKind = Annotated[str, BeforeValidator(_lever_kind)]
-Layer = Literal["H2", "H3", "H4", "H5"]
-
-
-class Change(BaseModel):
-    layer: Layer
-    kind: ChangeKind
-    file: str = ""  # edit_code: the file to rewrite
-    text: str = ""  # add_rule: the rule; add_skill: the tip; edit_code: what to change
-    repair: str = ""  # enable_repair: a name from the repair catalog, or a measured combination "a+b"
-    value: int = 0  # a lever's number (set_max_tokens: tokens; add_examples: k; set_samples: n): lever_catalog
-    rationale: str = ""
+from .lever_catalog import LEVERS, Change, kinds
 
 
 class SkillSpec(BaseModel):
