@@ -98,3 +98,15 @@ def test_implementer_replies_that_are_not_an_object_are_check_failures() -> None
     for bad, why in (('["a", "b"]', "got list"), ("not json", "not JSON"), ('{"content": 3}', "string 'content'")):
         with pytest.raises(CheckFailed, match=why):
             reply_content(bad)
+
+
+def test_a_written_seed_is_valid_toml_whatever_the_environment_is_called() -> None:
+    """An environment reference with a quote or a backslash in it still gives a manifest that parses, naming it."""
+    import tomllib
+    from types import SimpleNamespace
+
+    from ecdysis.harness.generic_seed import generic_seed_files
+
+    for name in ('my "quoted" env', "plugins\\env:environment", "plain_env:environment"):
+        manifest = tomllib.loads(generic_seed_files(name, SimpleNamespace())["harness.toml"])
+        assert manifest["env"] == name and manifest["name"] == f"{name.replace(':', '-')}-seed"

@@ -7,6 +7,7 @@ identical calls. `seed_manifest` writes the manifest of this seed and of an agen
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .manifest import HarnessVersion, version_from_files
@@ -57,7 +58,8 @@ def generic_seed_files(env_name: str, env: Any) -> dict[str, str]:
     elif not getattr(env, "ends_itself", False):  # an episode that ends after its calls has no final reply
         parts.append(FINAL_RULES)
     max_turns = int(getattr(env, "max_turns", 30 if conversational else 10))
-    manifest = seed_manifest(f'"{env_name.replace(":", "-")}-seed"', f'"{env_name}"', native,
+    # json.dumps: a TOML basic string (quotes and backslashes escaped; a plain name is written as before)
+    manifest = seed_manifest(json.dumps(f'{env_name.replace(":", "-")}-seed'), json.dumps(env_name), native,
                              '"Seed harness written by `ecdysis init` from the environment\'s tools and instructions."',
                              max_tokens=300, max_turns=max_turns, regulate="regulate.py")
     return {"harness.toml": manifest, "contract.md": "\n\n".join(parts) + "\n", "skills.json": "[]\n",
