@@ -183,6 +183,23 @@ def test_streaming_and_h4_annotation_and_stop(harness: Path, tmp_path: Path) -> 
     assert history[1]["tool_calls"][0]["id"] != history[3]["tool_calls"][0]["id"]  # ids unique per turn
 
 
+def test_a_repeated_upstream_call_id_reaches_the_client_as_a_new_id(harness: Path, tmp_path: Path) -> None:
+    """The upstream repeats its call id for the same call (the embedded backend's ids hash the call): the client
+    gets a new id the second time, or a framework would skip the second call as already run."""
+    upstream = Upstream(lambda m: ("", [{"id": "call_same", "name": "lookup_order", "arguments": '{"order_id": 5}'}]))
+    proxy = build_proxy(harness, "scripted:test", store_dir=tmp_path / "store", upstream=upstream)
+    history: list[dict[str, Any]] = [{"role": "user", "content": "where is order 5"}]
+    ids = []
+    with background(proxy) as base:
+        sdk = client(base)
+        for _ in range(2):
+            call = sdk.chat.completions.create(model="m", tools=[LOOKUP], messages=history).choices[0].message
+            ids.append(call.tool_calls[0].id)
+            history.append(call.model_dump(exclude_none=True))
+            history.append({"role": "tool", "tool_call_id": ids[-1], "content": "order 5: shipped"})
+    assert ids[0] == "call_same" and ids[1] != "call_same"  # the upstream's id while it is new, then one of ours
+
+
 def test_conversations_are_recorded_and_shown(harness: Path, tmp_path: Path) -> None:
     upstream = Upstream(lambda m: '{"name": "lookup_order", "arguments": {"order_id": "9"}}')
     store = tmp_path / "store"

@@ -162,7 +162,8 @@ class Proxy:
             last = attempt == self.retries
             if outcome.accepted or last:
                 record.gave_up = not outcome.accepted
-                final = self._reply(outcome, response, calls, conversation, turn_index)
+                used = {c.id for m in messages for c in m.tool_calls or []}  # ids the client already has
+                final = self._reply(outcome, response, calls, conversation, turn_index, used)
                 break
             upstream_messages += retry_messages(response.text, calls, outcome)
         assert final is not None
@@ -171,19 +172,27 @@ class Proxy:
         return self._finish(TurnResult(final, record, events), clock)
 
     def _reply(self, outcome: Any, response: Any, calls: list[dict[str, Any]], conversation: str,
-               turn: int) -> FinalReply:
+               turn: int, used: set[str]) -> FinalReply:
         """The reply the agent sees: realized calls as real `tool_calls` (canonical arguments), text as content.
-        A reply still rejected after the last retry goes out as the upstream wrote it."""
+        A reply still rejected after the last retry goes out as the upstream wrote it. A call keeps the upstream's
+        id unless it has none, is a text call's, or the client has it already (`used`, or earlier in this reply):
+        a model repeating a call may repeat its id (the embedded backend's ids hash the call), and agent
+        frameworks skip a call whose id they have run."""
+        def fresh(upstream_id: str, index: int, action: Action) -> str:
+            keep = upstream_id and not upstream_id.startswith("text_call_") and upstream_id not in used
+            out = upstream_id if keep else _call_id(conversation, turn, index, action)
+            used.add(out)
+            return out
+
         if outcome.reject_rule:
             return FinalReply(content=response.text, finish_reason="tool_calls" if calls else response.finish_reason,
-                              tool_calls=[OutgoingCall(id=c["id"] or _call_id(conversation, turn, i, Action(c["name"])),
+                              tool_calls=[OutgoingCall(id=fresh(c["id"], i, Action(c["name"])),
                                                        name=c["name"], arguments=c["arguments"])
                                           for i, c in enumerate(calls)])
         out_calls = []
         for index, action in enumerate(a for a in outcome.actions if not (a.is_answer or a.is_respond)):
-            real_id = action.call_id and not action.call_id.startswith("text_call_")
-            out_calls.append(OutgoingCall(id=action.call_id if real_id else _call_id(conversation, turn, index, action),
-                                          name=action.tool, arguments=arguments_text(action)))
+            out_calls.append(OutgoingCall(id=fresh(action.call_id, index, action), name=action.tool,
+                                          arguments=arguments_text(action)))
         finish = "tool_calls" if out_calls else ("length" if response.finish_reason == "length" else "stop")
         return FinalReply(content=outcome.text.strip() if out_calls else outcome.text, tool_calls=out_calls,
                           finish_reason=finish)
