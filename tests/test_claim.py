@@ -316,22 +316,22 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2
 
 
-
 async def test_a_spec_that_rebuilds_a_rejected_harness_is_known_before_any_role_call(tmp_path: Path) -> None:
     """The check runs on the spec alone (no model call, no replay) and agrees with the real build."""
     from ecdysis.trainer.engine import Engine
     from ecdysis.trainer.evaluation import Measured
+    from ecdysis.trainer.methods import method
     from ecdysis.trainer.proposers import Evidence
     from ecdysis.trainer.records import RoundRecord
     from ecdysis.trainer.spec import HarnessSpec
 
     roles = Roles()
     ws = project(tmp_path, tmp_path / "run", ScriptedModel(boxed, name="agent"), roles)
-    engine = Engine(ws, "run", "aggregate")
+    engine = Engine(ws, "run", method("aggregate"))
     seed = ws.harness()
     ev = Evidence("r2", 2, seed, Measured(seed.id, "train", [], 1), [], [])
     spec, other = HarnessSpec.model_validate(BOXED_SPEC), HarnessSpec.model_validate(USELESS_SPEC)
-    built = await engine.implementer().build(seed, spec, [], engine.single_turn(seed))
+    built = await engine.implementer().build(seed, spec, [])
     assert built.version is not None and not engine.rebuilds_rejected(spec, ev)
     records.put(ws.store, "run", "r1", RoundRecord(round=1, harness_before=seed.id, harness_after=seed.id,
                                                    train_score=0.0, candidate=built.version.id, accepted=False))
