@@ -115,7 +115,8 @@ def test_compare_prints_one_column_per_arm_and_writes_files(tmp_path: Path, data
     header = next(line for line in out.stdout.splitlines() if "measure" in line)
     assert all(f"{arm} s0" in header for arm in ("fixed", "serial", "ecdysis"))
     assert "speed-up vs serial" in out.stdout and "test acc - fixed" in out.stdout
-    assert out.stderr.count("new run ") == 3 and "new run fixed-seed0-" in out.stderr  # one run per arm
+    assert out.stderr.count("new run ") == 4 and "new run fixed-seed0-" in out.stderr  # one run per arm, and
+    assert "new run seed-eval-seed0-" in out.stderr  # the seed evaluation the training arms share (issue 38)
     rows = json.loads((tmp_path / "cmp" / "compare.json").read_text())
     assert [r["arm"] for r in rows] == ["fixed", "serial", "ecdysis"]
     assert (tmp_path / "cmp" / "compare.csv").read_text().count("\n") == 4

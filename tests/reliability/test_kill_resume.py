@@ -64,7 +64,8 @@ def run_and_kill(args: list[str], env: dict[str, str], cwd: Path, db: Path, sql:
     return False
 
 
-CURVE_VOLATILE = ("wall_s", "optimizer_calls", "optimizer_tokens")  # time so far; a call in flight is paid again
+# time so far (real and charged: scripted models are charged their latency); a call in flight is paid again
+CURVE_VOLATILE = ("wall_s", "charged_s", "optimizer_calls", "optimizer_tokens")
 
 
 def steady(value: Any) -> Any:

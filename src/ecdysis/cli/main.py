@@ -454,26 +454,38 @@ def compare(
                           f"(k = 1 sample per task); add the {of} arm for a fair comparison.[/]")
     if not cfg.cache.isolate_arms:
         console.print("[yellow]cache.isolate_arms = false: later arms reused earlier arms' identical training calls, "
-                      "so their training wall times are flattered; compare agent executions instead.[/]")
+                      "so their real wall times and agent executions are flattered (charged times are not).[/]")
 
 
 @app.command("compare-summary")
 def compare_summary(
     results: Annotated[list[Path], typer.Argument(help="Compare run directories (or their compare.json).")],
     out: Annotated[Path | None, typer.Option(help="Write the pooled compare.json/csv, summary, curves here.")] = None,
+    target: Annotated[float | None, typer.Option(help="Pre-registered val accuracy: the factorial table.")] = None,
+    budget_s: Annotated[float | None, typer.Option(help="Censoring time (charged s); default: the budget.")] = None,
+    registered: Annotated[Path | None, typer.Option(help="TOML with the registered `target`, `budget_s`.")] = None,
 ) -> None:
-    """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI."""
+    """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
+    pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
+    censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json."""
+    from ..trainer.compare_factorial import Registration, factorial_report
     from ..trainer.compare_results import pool_results, write_results
 
     try:
         pooled = pool_results(results)
+        plan = Registration.resolve(target, budget_s, registered)
     except ValueError as exc:
         fail(str(exc))
         return
     views.compare_table(console, pooled)
     views.compare_summary(console, pooled)
+    report = factorial_report(pooled, plan) if plan is not None else None
+    if report is not None:
+        console.print(report.table())
     if out is not None:
         json_path, _ = write_results(pooled, out)
+        if report is not None:
+            report.write(out / "factorial.json")
         console.print(f"[dim]written {json_path} and the rest beside it[/]")
 
 

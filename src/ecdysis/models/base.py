@@ -87,6 +87,8 @@ class ChatResponse(BaseModel):
     model_id: str = ""
     cache_hit: bool = False
     retries: int = 0  # attempts beyond the first that this reply took (429s, 5xx, timeouts, malformed bodies)
+    charged_s: float = 0.0  # what the call costs by the rate table (charge.py), served fresh or from the cache
+    request_key: str = ""  # model + request, no cache scope ("": no cache, every call is paid); set by MeteredModel
 
 
 _SECRETS = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|(?<=Bearer )[A-Za-z0-9._\-]{8,}"

@@ -2,8 +2,9 @@
 
 The cache is an SQLite file keyed by `cache_key` (model identity, messages, parameters, sample
 index), within a scope (a compare arm's training) and a partition (an evaluation's split). Hits cost
-nothing and are counted. `MeteredModel` adds caching and accounting to any `ChatModel`; it is what the
-runner and the optimizer roles hold.
+no model time and are counted; every reply carries the charged seconds of the call as it ran (`charge.py`: the
+cache keeps the original usage and latency). `MeteredModel` adds caching and accounting to any `ChatModel`; it
+is what the runner and the optimizer roles hold.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .base import ChatModel, ChatRequest, ChatResponse, cache_key
+from .charge import rates
 
 
 def default_cache_path() -> Path:
@@ -102,6 +104,7 @@ class MeteredModel:
     scope: str = ""  # a non-empty scope reads and writes only cache entries of that scope
     stats: CallStats = field(default_factory=CallStats)
     listeners: list[CallListener] = field(default_factory=list)
+    read_scopes: tuple[str, ...] = ()  # scopes also read on a miss (a compare seed's shared seed evaluation)
     _inflight: dict[str, asyncio.Future[ChatResponse]] = field(default_factory=dict)
 
     @property
@@ -114,20 +117,30 @@ class MeteredModel:
         if release is not None:
             release(session)
 
-    def cache_identity(self, partition: str = "") -> str:
-        """What a request's cache key is taken under: the model, the scope and the partition, if any."""
-        identity = f"{self.model.identity}\0scope={self.scope}" if self.scope else self.model.identity
+    def cache_identity(self, partition: str = "", scope: str | None = None) -> str:
+        """What a request's cache key is taken under: the model, the scope (default this client's) and the
+        partition, if any."""
+        scope = self.scope if scope is None else scope
+        identity = f"{self.model.identity}\0scope={scope}" if scope else self.model.identity
         return f"{identity}\0partition={partition}" if partition else identity
 
     async def chat(self, request: ChatRequest, partition: str = "") -> ChatResponse:
-        """The response, from the cache where an identical request of the same scope and `partition` was
-        answered before. Evaluations pass their split as the partition: no entry written while one split is
-        evaluated is ever read while another is, so cache hits (and their timing) carry nothing between splits."""
+        """The response, from the cache where an identical request of the same scope (or one of `read_scopes`)
+        and `partition` was answered before. Evaluations pass their split as the partition: no entry written
+        while one split is evaluated is ever read while another is, so cache hits (and their timing) carry
+        nothing between splits. `charged_s` is what the call cost when it ran (charge.py), whichever way it is
+        served now; `request_key` names the request without the scope (what a run pays once, store.charged_calls)."""
         key = cache_key(self.cache_identity(partition), request)
-        response = self.cache.get(key) if self.cache else None
+        cached = self.cache is not None
+        charge = {"request_key": cache_key(self.cache_identity(partition, ""), request) if cached else ""}
+        response = self.cache.get(key) if self.cache is not None else None
+        for scope in self.read_scopes if self.cache is not None and response is None else ():
+            if (response := self.cache.get(cache_key(self.cache_identity(partition, scope), request))) is not None:
+                break
         if response is not None:
             response = response.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,
-                                                    "retries": 0})
+                                                    "retries": 0, "charged_s": rates().call_seconds(response),
+                                                    **charge})
         elif key in self._inflight:  # an identical call is running: share its result
             shared = await asyncio.shield(self._inflight[key])
             response = shared.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,
@@ -137,6 +150,7 @@ class MeteredModel:
             self._inflight[key] = future
             try:
                 response = await self.model.chat(request)
+                response = response.model_copy(update={"charged_s": rates().call_seconds(response), **charge})
                 future.set_result(response)
             except BaseException as exc:
                 future.set_exception(exc)

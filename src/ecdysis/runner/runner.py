@@ -13,6 +13,7 @@ import hashlib
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any
@@ -154,6 +155,7 @@ class Runner:
     user_settings: dict[str, Any] = field(default_factory=dict)  # UserSimulator fields: max_turns, temperature...
     plugin_paths: list[str] = field(default_factory=list)  # import path the sandbox needs for the env plugin
     executor: Executor = field(default_factory=LocalExecutor)  # where episodes run (local processes, Ray)
+    replays: int = 0  # sandboxed re-runs of stored episodes (trainer/rerun.py), charged like an episode's sandbox
     _warned: bool = False
 
     def eval_id(self, harness: HarnessVersion, tasks: list[Task], trials: int, label: str) -> str:
@@ -179,7 +181,7 @@ class Runner:
         self.store.record_call(self.run_id, eval_id, self.model.role, self.model.identity,
                                response.usage.prompt_tokens, response.usage.completion_tokens,
                                response.latency_s, response.cost_usd, response.cache_hit,
-                               response.usage.cached_tokens)
+                               response.usage.cached_tokens, response.charged_s, response.request_key)
         if not response.cache_hit:
             self.tokens_spent += response.usage.total_tokens
         return {"text": response.text, "tool_calls": [c.model_dump() for c in response.tool_calls],
@@ -200,7 +202,8 @@ class Runner:
                 u = out["usage"]
                 self.store.record_call(self.run_id, eval_id, "user", model.identity, u["prompt_tokens"],
                                        u["completion_tokens"], out["latency_s"], 0.0, out["cache_hit"],
-                                       u.get("cached_tokens", 0))
+                                       u.get("cached_tokens", 0), out.get("charged_s", 0.0),
+                                       out.get("request_key", ""))
             return out
 
         return handle
@@ -216,8 +219,9 @@ class Runner:
         return self.max_agent_tokens is not None and self.tokens_spent >= self.max_agent_tokens
 
     async def evaluate(self, harness: HarnessVersion, tasks: list[Task], trials: int = 1,
-                       split: str = "", label: str = "eval") -> EvalSummary:
-        """Run every (task, trial) not yet recorded for this evaluation; return the full summary."""
+                       split: str = "", label: str = "eval", stop: Callable[[], bool] | None = None) -> EvalSummary:
+        """Run every (task, trial) not yet recorded for this evaluation; return the full summary. `stop` is
+        asked before each episode starts: once it says True no new episode starts (a spent training budget)."""
         eval_id = self.eval_id(harness, tasks, trials, label)
         if not self._warned and bwrap_path() is None:
             self._warned = True
@@ -238,7 +242,7 @@ class Runner:
 
         async def one(task: Task, trial: int) -> None:
             async with semaphore:
-                if self._over_budget():
+                if self._over_budget() or (stop is not None and stop()):
                     return
                 session = f"{eval_id}/{task.id}/{trial}"  # one episode: its model calls keep one local context
                 episode = self.episode(harness, task, trial)

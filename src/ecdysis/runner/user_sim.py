@@ -60,4 +60,5 @@ class UserSimulator:
         for token in STOP_TOKENS:
             text = text.replace(token, "").strip()
         return {"text": text, "stop": stop, "usage": response.usage.model_dump(),
-                "latency_s": response.latency_s, "cache_hit": response.cache_hit}
+                "latency_s": response.latency_s, "cache_hit": response.cache_hit, "charged_s": response.charged_s,
+                "request_key": response.request_key}

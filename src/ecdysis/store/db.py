@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS trajectories (
 CREATE TABLE IF NOT EXISTS model_calls (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, eval_id TEXT, role TEXT, model TEXT,
   prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, cost_usd REAL,
-  cache_hit INTEGER, created REAL NOT NULL, cached_tokens INTEGER DEFAULT 0);
+  cache_hit INTEGER, created REAL NOT NULL, cached_tokens INTEGER DEFAULT 0, charged_s REAL DEFAULT 0,
+  call_key TEXT DEFAULT '');
 CREATE TABLE IF NOT EXISTS records (
   run_id TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
   created REAL NOT NULL, PRIMARY KEY (run_id, kind, key));
@@ -131,6 +132,11 @@ class RunStore:
             columns = {r["name"] for r in self._db.execute("PRAGMA table_info(model_calls)")}
             if "cached_tokens" not in columns:  # a store written before prompt-cache accounting
                 self._db.execute("ALTER TABLE model_calls ADD COLUMN cached_tokens INTEGER DEFAULT 0")
+            if "charged_s" not in columns:  # a store written before charged time
+                self._db.execute("ALTER TABLE model_calls ADD COLUMN charged_s REAL DEFAULT 0")
+                self._db.execute("ALTER TABLE model_calls ADD COLUMN call_key TEXT DEFAULT ''")
+            self._db.execute("CREATE INDEX IF NOT EXISTS model_calls_eval ON model_calls (eval_id)")
+            self._db.execute("CREATE INDEX IF NOT EXISTS model_calls_run ON model_calls (run_id)")
             self._db.commit()
         except sqlite3.DatabaseError as exc:  # OperationalError (unreadable, a folder) included
             raise StoreError(f"{self.path} is not a usable run database ({exc}); move it away or pass another "
@@ -236,6 +242,15 @@ class RunStore:
                           (eval_id,))
         return {(r["task_id"], r["trial"]) for r in rows}
 
+    def episode_count(self, eval_ids: list[str]) -> int:
+        """Episodes recorded in these evaluations, those the infrastructure lost left out."""
+        if not eval_ids:
+            return 0
+        marks = ",".join("?" * len(eval_ids))
+        rows = self._rows(f"SELECT COUNT(*) AS n FROM trajectories WHERE eval_id IN ({marks}) "
+                          "AND termination != 'infra_error'", tuple(eval_ids))
+        return int(rows[0]["n"])
+
     def trajectories(self, eval_id: str) -> list[Trajectory]:
         rows = self._rows("SELECT data FROM trajectories WHERE eval_id=? ORDER BY task_id, trial", (eval_id,))
         return [Trajectory.from_dict(json.loads(r["data"])) for r in rows]
@@ -243,12 +258,25 @@ class RunStore:
     # model calls
     def record_call(self, run_id: str | None, eval_id: str | None, role: str, model: str,
                     prompt_tokens: int, completion_tokens: int, latency_s: float, cost_usd: float,
-                    cache_hit: bool, cached_tokens: int = 0) -> None:
-        """One model call. `cached_tokens`: prompt tokens the backend served from its prefix cache."""
+                    cache_hit: bool, cached_tokens: int = 0, charged_s: float = 0.0, call_key: str = "") -> None:
+        """One model call. `cached_tokens`: prompt tokens the backend served from its prefix cache; `charged_s`:
+        what the call costs (models/charge.py); `call_key`: the request's scope-free key ("": always paid)."""
         self._write("INSERT INTO model_calls (run_id, eval_id, role, model, prompt_tokens, completion_tokens, "
-                    "latency_s, cost_usd, cache_hit, created, cached_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                    "latency_s, cost_usd, cache_hit, created, cached_tokens, charged_s, call_key) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, eval_id, role, model, prompt_tokens, completion_tokens, latency_s,
-                     cost_usd, int(cache_hit), time.time(), cached_tokens))
+                     cost_usd, int(cache_hit), time.time(), cached_tokens, charged_s, call_key))
+
+    def charged_calls(self, run_id: str, eval_ids: list[str]) -> float:
+        """Charged seconds of a run's model calls: its calls outside evaluations (optimizer roles) and the calls
+        of `eval_ids`, each distinct request paid once (a repeat is what a cold run serves from its cache)."""
+        marks = ",".join("?" * len(eval_ids))
+        where = f"((run_id=? AND eval_id IS NULL){f' OR eval_id IN ({marks})' if eval_ids else ''})"
+        rows = self._rows(
+            f"SELECT COALESCE(SUM(c), 0) AS s FROM (SELECT MAX(charged_s) AS c FROM model_calls WHERE {where} "
+            f"AND call_key != '' GROUP BY call_key UNION ALL SELECT charged_s AS c FROM model_calls WHERE {where} "
+            "AND (call_key = '' OR call_key IS NULL))", (run_id, *eval_ids, run_id, *eval_ids))
+        return float(rows[0]["s"] or 0.0)
 
     def call_totals(self, run_id: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(

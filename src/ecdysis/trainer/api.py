@@ -19,6 +19,7 @@ from ..workspace import Workspace
 from .engine import Engine
 from .methods import Method, method, trainer_methods
 from .result import RunCosts, TrainResult
+from .shared_seed import SharedSeed
 from .view import TrainView
 
 
@@ -46,8 +47,9 @@ class Arm:
 
 
 async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Console | None = None,
-                      ws: Workspace | None = None) -> TrainResult:
-    """Train one arm under `config` (or `arm.config`), resuming a previous run of the same config."""
+                      ws: Workspace | None = None, shared_seed: SharedSeed | None = None) -> TrainResult:
+    """Train one arm under `config` (or `arm.config`), resuming a previous run of the same config.
+    `shared_seed`: the seed evaluation this arm shares with the other arms of a compare seed."""
     spec = arm if isinstance(arm, Arm) else Arm(arm, config)
     if spec.name not in trainer_methods():
         raise ValueError(f"arm {spec.name!r} is not a trainer arm; use one of {trainer_methods()}")
@@ -55,7 +57,8 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
     ws = ws or Workspace.open(config)
     run_id = ws.store.start_run("train", config.model_dump(mode="json") | {"arm": spec.name},
                                 run_id=run_id_for(config, spec.name))
-    engine = Engine(ws, run_id, spec.method(), config, TrainView(console, enabled=console is not None))
+    engine = Engine(ws, run_id, spec.method(), config, TrainView(console, enabled=console is not None),
+                    shared_seed)
     seed = engine.ws.harness()
     try:
         final, rounds, stop = await engine.train(seed)
@@ -75,7 +78,7 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
         wall_s=spend.wall_s, agent_executions=spend.agent_executions, cached_executions=spend.cached_executions,
         budget=engine.budget, curve=curve, rounds=rounds, accept_rule=engine.accept_rule, holdout=checked,
         train_before=curve[0].train_score if curve else None, train_after=engine.score(final, "train"),
-        **RunCosts.of_run(ws.store, run_id).as_kwargs())
+        charged_s=spend.charged_s, **RunCosts.of_run(ws.store, run_id).as_kwargs())
     ws.store.finish_run(run_id, result.to_dict())
     return result
 

@@ -3,8 +3,10 @@
 `agent_executions` counts episodes actually run for training (collect, variant picking, validation);
 an episode whose every model call was served by the response cache is a *cached* execution, counted
 apart and not charged. `optimizer_tokens` are the optimizer roles' fresh tokens. `wall_s` is the
-training wall time (the sum of the timed steps). An arm stops at the first limit reached; evaluations
-are cut to the episodes the budget has left, so every arm stops at the same agent spend.
+training time in *charged* seconds (trainer/charged.py: model calls at measured rates, sandbox time per
+episode; the same on a busy machine as on an idle one); the real wall time of the timed steps is kept beside
+it (`Spend.wall_s`). An arm stops at the first limit reached; evaluations are cut to the episodes the budget
+has left, and stop starting episodes once the time is spent, so every arm stops at the same spend.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ class Spend:
     cached_executions: int = 0
     optimizer_calls: int = 0
     optimizer_tokens: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # real wall time of the timed steps (reported beside the charged time)
+    charged_s: float = 0.0  # charged seconds: what the `wall_s` limit is checked against
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,8 @@ class Budget:
             return f"budget spent: agent_executions {spend.agent_executions}/{self.agent_executions}"
         if self.optimizer_tokens is not None and spend.optimizer_tokens >= self.optimizer_tokens:
             return f"budget spent: optimizer_tokens {spend.optimizer_tokens}/{self.optimizer_tokens}"
-        if self.wall_s is not None and spend.wall_s >= self.wall_s:
-            return f"budget spent: wall_s {spend.wall_s:.0f}/{self.wall_s:.0f}"
+        if self.wall_s is not None and spend.charged_s >= self.wall_s:
+            return f"budget spent: wall_s {spend.charged_s:.0f}/{self.wall_s:.0f} (charged seconds)"
         return None
 
     def executions_left(self, spend: Spend) -> int | None:
@@ -82,13 +85,18 @@ def agent_tokens(traj: Trajectory, fresh_only: bool = False) -> int:
                for e in traj.of(ModelEvent) if not (fresh_only and e.cache_hit))
 
 
-def training_spend(store: RunStore, run_id: str) -> EpisodeSpend:
-    """What a run's non-test evaluations cost in agent episodes and tokens (infra-lost episodes excluded)."""
+def training_evaluations(store: RunStore, run_id: str) -> list[str]:
+    """A run's own evaluations that are not test passes or the final-selection check (`holdout`, after training)."""
+    return [ev["id"] for ev in store.evaluations(run_id)
+            if ev["split"] != "test" and not (ev["label"] or "").startswith(("test", "holdout"))]
+
+
+def training_spend(store: RunStore, run_id: str, eval_ids: list[str] | None = None) -> EpisodeSpend:
+    """What a run's non-test evaluations (or `eval_ids`: an engine run's registered training evaluations, a
+    shared seed evaluation included) cost in agent episodes and tokens (infra-lost episodes excluded)."""
     fresh = served = tokens = 0
-    for ev in store.evaluations(run_id):
-        if ev["split"] == "test" or (ev["label"] or "").startswith("test"):
-            continue
-        for t in store.trajectories(ev["id"]):
+    for eval_id in training_evaluations(store, run_id) if eval_ids is None else eval_ids:
+        for t in store.trajectories(eval_id):
             if t.termination == INFRA_ERROR:
                 continue
             served += cached(t)

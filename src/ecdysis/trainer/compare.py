@@ -4,11 +4,13 @@ Arms are objects built from an explicit config (`build_arms`); no arm changes th
 arms are the declared methods (methods.py), run in declaration order; how an arm runs follows its method's
 `runs`: evaluate (direct, fixed), engine (serial, serial+library, aggregate, ecdysis), gepa (GEPA through the
 `gepa` package), sample (best-of-k: the fixed harness sampled k times per test task, majority vote without
-gold). The training arms share `train.budget` (agent executions, optimizer tokens, wall seconds). best-of-k's k is
-floor(ecdysis's training spend / one sampled pass over the test tasks), both in agent tokens
-(prompt + completion as the model reported them): the spend counts the fresh (non-response-cache) calls of
-ecdysis's training evaluations, its test passes excluded; the pass is one probe pass of the sampled
-harness. k is capped at `eval.best_of_k_max`; the result keeps the uncapped k.
+gold). The training arms share `train.budget` (agent executions, optimizer tokens, charged seconds) and, per
+seed, the seed harness's train/val evaluation (`shared_seed.py`: run once, charged to every arm). best-of-k's k
+is floor(ecdysis's training spend / one sampled pass over the test tasks), in tokens (prompt + completion as
+the model reported them): the spend counts the fresh (non-response-cache) agent calls of ecdysis's training
+evaluations, its test passes excluded, plus its optimizer roles' fresh tokens; the pass is one probe pass of
+the sampled harness. k is capped at `eval.best_of_k_max`; the result keeps the uncapped k. Every arm's row
+keeps its per-task test scores (`test_per_task`: the paired differences of compare_factorial.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .compare_results import ArmResult, add_ratios, write_results
 from .gepa_arm import train_gepa
 from .methods import METHODS, Runs
 from .result import TrainResult
+from .shared_seed import SharedSeed
 
 __all__ = ["ARMS", "ArmResult", "CompareArm", "build_arms", "compare", "write_results"]
 ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
@@ -38,12 +41,13 @@ ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the r
 
 @dataclass
 class Context:
-    """What one seed's arms share: the workspace, the transfer model, the training spend (agent tokens) of
-    every arm run so far (best-of-k is matched to ecdysis's)."""
+    """What one seed's arms share: the workspace, the transfer model, the training spend (agent and optimizer
+    tokens) of every arm run so far (best-of-k is matched to ecdysis's), the seed evaluation of the training arms."""
 
     ws: Workspace
     transfer_model: str | None = None
     spend: dict[str, int] = field(default_factory=dict)
+    shared_seed: SharedSeed | None = None
 
 
 @dataclass
@@ -91,7 +95,8 @@ def arm_result(result: TrainResult, seed: int) -> ArmResult:
         val_acc=result.val_after, test_acc=test.get("accuracy", 0.0), pass_at_k=test.get("pass_at_k", 0.0),
         pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id, stop_reason=result.stop_reason,
         curve=sorted(result.curve, key=lambda p: p.step),
-        prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None)
+        prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None,
+        train_charged_s=result.charged_s, budget_s=result.budget.wall_s, test_per_task=per_task_scores(test))
     out.gap = None if result.train_after is None else result.train_after - out.test_acc
     return out
 
@@ -113,7 +118,7 @@ class BaselineArm(CompareArm):
                 raise GraderFailed(split, summary.episodes, summary.failures)
         result = ArmResult(self.name, cfg.run.seed, train_acc=train.accuracy, test_acc=test.accuracy,
                            gap=train.accuracy - test.accuracy, pass_at_k=test.pass_at_k, pass_hat_k=test.pass_hat_k,
-                           harness_id=version.id)
+                           harness_id=version.id, test_per_task=per_task_scores(test.to_dict()))
         ws.store.finish_run(run_id, result.row())
         return result, version
 
@@ -123,7 +128,7 @@ class TrainerArm(CompareArm):
     """A method that runs the training loop (serial, serial+library, aggregate, ecdysis), with this arm's config."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        result = await train_async(self.config, self.name, ws=ctx.ws)
+        result = await train_async(self.config, self.name, ws=ctx.ws, shared_seed=ctx.shared_seed)
         return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
@@ -132,7 +137,7 @@ class GepaArm(CompareArm):
     """gepa: GEPA's own loop through our runner (trainer/gepa_arm.py)."""
 
     async def run(self, ctx: Context) -> tuple[ArmResult, HarnessVersion]:
-        result = await train_gepa(self.config, ctx.ws)
+        result = await train_gepa(self.config, ctx.ws, ctx.shared_seed)
         return arm_result(result, self.config.run.seed), ctx.ws.store.load_version(result.final_harness_id)
 
 
@@ -150,6 +155,17 @@ def episode_tokens(trajectories: list[Trajectory]) -> int:
     """Agent tokens the episodes' calls cost as the model reported them (a response-cache hit reports the
     original call's usage: what running the episode fresh costs)."""
     return sum(agent_tokens(t) for t in trajectories)
+
+
+def per_task_scores(summary: dict[str, Any]) -> dict[str, float]:
+    """Each test task's mean score over its trials, from an evaluation summary (`EvalSummary.to_dict()`)."""
+    return {t: sum(v) / len(v) for t, v in (summary.get("per_task") or {}).items() if v}
+
+
+def voted_per_task(ws: Workspace, trajectories: list[Trajectory], tasks: dict[str, Any]) -> dict[str, float]:
+    """Each task's score (1/0) when its outcome is the majority vote of its trials (see `voted_accuracy`)."""
+    return {task_id: voted_accuracy(ws, [t for t in trajectories if t.task_id == task_id], tasks)
+            for task_id in sorted({t.task_id for t in trajectories if t.termination != INFRA_ERROR})}
 
 
 def voted_accuracy(ws: Workspace, trajectories: list[Trajectory], tasks: dict[str, Any]) -> float:
@@ -199,6 +215,7 @@ class BestOfKArm(CompareArm):
             agent_tokens=episode_tokens([t for t in trajectories if not cached(t)]),
             test_acc=voted_accuracy(ws, voted, {t.id: t for t in tasks}), pass_at_k=summary.pass_at_k,
             pass_hat_k=summary.pass_hat_k, k=k, k_uncapped=k_uncapped, harness_id=sampled.id,
+            test_per_task=voted_per_task(ws, voted, {t.id: t for t in tasks}),
             stop_reason=(f"k capped at eval.best_of_k_max = {cfg.eval.best_of_k_max} (uncapped {k_uncapped})"
                          if k < k_uncapped else ""))
         ws.store.finish_run(run_id, result.row())
@@ -231,12 +248,12 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         cfg = config.model_copy(deep=True)
         cfg.run.seed = config.run.seed + offset
         ws = open_workspace(cfg)
-        ctx = Context(ws, transfer_model)
+        ctx = Context(ws, transfer_model, shared_seed=SharedSeed.for_seed(cfg.run.seed, config_key(cfg, length=8)))
         seed_results: list[ArmResult] = []
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
-                ctx.spend[arm.name] = result.agent_tokens
+                ctx.spend[arm.name] = result.agent_tokens + result.optimizer_tokens  # its training spend in tokens
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)

@@ -1,13 +1,16 @@
 """What `compare` measures and writes: one typed row per arm and seed, ratios from recorded numbers, times
 read off the training curves, mean ± 95% CI over seeds (Student t), and the CSV/JSON files.
 
-Times from curves (`records.CurvePoint`, wall time and agent executions are cumulative training costs):
-*time to the final harness* is the wall time of the first point whose harness is the arm's final one;
-*time to serial's accuracy* is the first point whose score (val; train where the run had no val split)
+Times from curves (`records.CurvePoint`, charged seconds and agent executions are cumulative training costs;
+a time is a point's charged seconds, its real wall time for points recorded before charged time existed):
+*time to the final harness* is the time of the first point whose harness is the arm's final one;
+*time to serial's accuracy* is the first point whose score (val; train only where the curve has no val score
+at all: a point whose val evaluation is missing, e.g. cut by the budget, has no score, never its train score)
 reaches the final score of the serial arm of the same seed (none when serial ended no higher than its seed).
-Speed-ups are serial's time over the arm's (> 1: faster than serial); `executions_vs_serial` is the arm's agent
-executions over serial's (> 1: more episodes than serial). The *after the seed eval* speed-up takes each curve's
-step 0 (the seed's evaluation, the same work for every arm) off both times, leaving what the optimizers spent.
+Speed-ups are serial's time (charged seconds) over the arm's (> 1: faster than serial); `executions_vs_serial`
+is the arm's agent executions over serial's (> 1: more episodes than serial). The *after the seed eval*
+speed-up takes each curve's step 0 (the seed's evaluation, the same work for every arm) off both times, leaving
+what the optimizers spent.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class ArmResult:
     harness_id: str = ""
     stop_reason: str = ""
     transfer_acc: float | None = None
-    speedup_vs_serial: float | None = None  # serial's training wall time / this arm's
+    speedup_vs_serial: float | None = None  # serial's training time (charged s) / this arm's
     executions_vs_serial: float | None = None  # this arm's agent executions / serial's (> 1: more than serial)
     time_to_final_s: float | None = None
     time_to_serial_acc_s: float | None = None  # None: never reached serial's final score
@@ -63,10 +66,13 @@ class ArmResult:
     test_delta_vs_fixed: float | None = None  # absolute: test - fixed test (defined when fixed scores 0)
     test_gain_vs_serial: float | None = None
     prefix_cache_rate: float | None = None  # prompt tokens the backends served from their prefix cache (training)
+    train_charged_s: float | None = None  # charged training seconds (trainer/charged.py): the primary time
+    budget_s: float | None = None  # the arm's `train.budget.wall_s` (charged seconds): censoring time of its curve
+    test_per_task: dict[str, float] = field(default_factory=dict, repr=False)  # test task -> mean score (paired stats)
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
     def row(self) -> dict[str, object]:
-        """The flat row written to compare.csv / compare.json (the curve goes to curves.csv)."""
+        """The row written to compare.json (the curve goes to curves.csv; compare.csv leaves per-task scores out)."""
         return {k: v for k, v in asdict(self).items() if k != "curve"}
 
 
@@ -129,17 +135,29 @@ def mean_ci(values: list[float], confidence: float = CONFIDENCE) -> Interval | N
 
 # ---- curves and ratios ------------------------------------------------------------------------------------
 
-def score(point: CurvePoint) -> float | None:
-    return point.val_score if point.val_score is not None else point.train_score
+def curve_split(curve: list[CurvePoint]) -> str:
+    """The split a curve is scored on: val when any of its points has a val score, else train."""
+    return "val" if any(p.val_score is not None for p in curve) else "train"
+
+
+def score(point: CurvePoint, split: str = "val") -> float | None:
+    """The point's score on `split` (None when that evaluation is missing: never the other split's score)."""
+    return point.val_score if split == "val" else point.train_score
+
+
+def time_of(point: CurvePoint) -> float:
+    """A point's training time: charged seconds, or real wall time for points recorded before them."""
+    return point.charged_s if point.charged_s is not None else point.wall_s
 
 
 def time_to_harness(curve: list[CurvePoint], harness_id: str) -> float | None:
-    return next((p.wall_s for p in curve if p.harness_id == harness_id), None)
+    return next((time_of(p) for p in curve if p.harness_id == harness_id), None)
 
 
 def first_reaching(curve: list[CurvePoint], target: float) -> CurvePoint | None:
     """The first point whose score reaches `target` (1e-9 tolerance), None when none does."""
-    return next((p for p in curve if (s := score(p)) is not None and s >= target - 1e-9), None)
+    split = curve_split(curve)
+    return next((p for p in curve if (s := score(p, split)) is not None and s >= target - 1e-9), None)
 
 
 DERIVED = ("speedup_vs_serial", "executions_vs_serial", "time_to_final_s", "time_to_serial_acc_s",
@@ -151,9 +169,10 @@ def improved_score(curve: list[CurvePoint]) -> float | None:
     """The final score of a curve that rose above its seed's (step 0), else None: when serial found nothing
     better than the seed there is no accuracy of serial's to reach (every arm 'reaches' it at step 0, and the
     ratio would compare seed evaluations)."""
-    if not curve or (final := score(curve[-1])) is None:
+    split = curve_split(curve)
+    if not curve or (final := score(curve[-1], split)) is None:
         return None
-    start = score(curve[0])
+    start = score(curve[0], split)
     return final if start is None or final > start + 1e-9 else None
 
 
@@ -173,15 +192,17 @@ def add_ratios(results: list[ArmResult]) -> None:
             r.time_to_final_s = time_to_harness(r.curve, r.harness_id)
         if serial and r.curve and (target := improved_score(serial.curve)) is not None:
             reached, serial_reached = first_reaching(r.curve, target), first_reaching(serial.curve, target)
-            r.time_to_serial_acc_s = reached.wall_s if reached else None
+            r.time_to_serial_acc_s = time_of(reached) if reached else None
             r.executions_to_serial_acc = reached.agent_executions if reached else None
-            r.speedup_to_serial_acc = _ratio(serial_reached.wall_s if serial_reached else None,
+            r.speedup_to_serial_acc = _ratio(time_of(serial_reached) if serial_reached else None,
                                              r.time_to_serial_acc_s)
             if reached and serial_reached:
-                r.speedup_to_serial_acc_after_seed = _ratio(serial_reached.wall_s - serial.curve[0].wall_s,
-                                                            reached.wall_s - r.curve[0].wall_s)
-        if serial and r.train_wall_s > 0 and r.arm in TRAINED:
-            r.speedup_vs_serial = serial.train_wall_s / r.train_wall_s
+                r.speedup_to_serial_acc_after_seed = _ratio(time_of(serial_reached) - time_of(serial.curve[0]),
+                                                            time_of(reached) - time_of(r.curve[0]))
+        if serial and r.arm in TRAINED and (r.train_charged_s or r.train_wall_s) > 0:
+            charged = r.train_charged_s and serial.train_charged_s is not None  # else runs recorded before it
+            r.speedup_vs_serial = (_ratio(serial.train_charged_s, r.train_charged_s) if charged
+                                   else _ratio(serial.train_wall_s, r.train_wall_s))
             r.executions_vs_serial = _ratio(r.agent_executions, serial.agent_executions)
         if fixed:
             r.test_delta_vs_fixed = r.test_acc - fixed.test_acc
@@ -191,13 +212,14 @@ def add_ratios(results: list[ArmResult]) -> None:
             r.test_gain_vs_serial = r.test_acc / serial.test_acc - 1
 
 
-ABSOLUTE = (("test_acc", "test acc"), ("train_wall_s", "train s"), ("agent_executions", "episodes"),
+ABSOLUTE = (("test_acc", "test acc"), ("train_charged_s", "train charged s"), ("train_wall_s", "train wall s"),
+            ("agent_executions", "episodes"),
             ("optimizer_tokens", "optimizer tokens"), ("time_to_final_s", "s to final"),
             ("time_to_serial_acc_s", "s to serial's acc"))
 RATIOS = (("speedup_vs_serial", "speed-up vs serial (x)"), ("speedup_to_serial_acc", "speed-up to serial's acc (x)"),
           ("speedup_to_serial_acc_after_seed", "the same, after the seed eval (x)"))  # the per-seed table's labels
 SUMMARY = ABSOLUTE + RATIOS
-TRAINING_ONLY = ("train_wall_s", "optimizer_tokens")  # 0 for an arm that does not train
+TRAINING_ONLY = ("train_charged_s", "train_wall_s", "optimizer_tokens")  # 0 for an arm that does not train
 
 
 def summarize(results: list[ArmResult]) -> list[dict[str, object]]:
@@ -239,8 +261,9 @@ def summary_tables(results: list[ArmResult]) -> list[Table]:
         if not keys:
             continue
         table = Table(title=f"Mean ± {CONFIDENCE:.0%} CI over {seeds} seeds{part} (Student t; n = seeds with a value)",
-                      caption="train s: training wall s; episodes: agent episodes run; s to final: s to the final "
-                              "harness" if not part else None)
+                      caption="train charged s: training time at the rate table's prices (the primary time; times "
+                              "to final and to serial's acc in it too); train wall s: real time; episodes: agent "
+                              "episodes run" if not part else None)
         table.add_column("arm", no_wrap=True, min_width=max(len(e["arm"]) for e in entries))  # type: ignore[arg-type]
         for _, name in keys:
             table.add_column(name, justify="right", no_wrap=True)
@@ -260,7 +283,7 @@ def summary_tables(results: list[ArmResult]) -> list[Table]:
 # ---- files ------------------------------------------------------------------------------------------------
 
 CURVE_FIELDS = ("arm", "seed", "step", "harness_id", "val_score", "train_score", "wall_s", "agent_executions",
-                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted")
+                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted", "charged_s")
 
 
 def curve_rows(results: list[ArmResult]) -> list[dict[str, object]]:
@@ -274,7 +297,7 @@ def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path
     rows = [r.row() for r in results]
     json_path, csv_path = directory / "compare.json", directory / "compare.csv"
     json_path.write_text(json.dumps(rows, indent=1))
-    _csv(csv_path, rows, list(rows[0]) if rows else [])
+    _csv(csv_path, rows, [k for k in rows[0] if k != "test_per_task"] if rows else [])
     summary = summarize(results)
     (directory / "compare_summary.json").write_text(json.dumps(summary, indent=1))
     _csv(directory / "compare_summary.csv", summary, list(summary[0]) if summary else [])

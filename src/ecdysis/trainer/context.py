@@ -22,12 +22,14 @@ from ..models.cache import MeteredModel
 from ..runner.runner import Runner
 from ..workspace import Workspace
 from . import holdout, records
+from .charged import REPLAYS, stored_replays
 from .failures import Pattern, aggregate, expected_text, failure_record
 from .fdcr import DEBATE_ROLES
 from .implement import ExternalCommand, Implementer
 from .levers import Measurement, attach, measure_repairs, measurement_records
 from .records import AcceptRule
 from .rerun import runner_rerun
+from .shared_seed import SharedSeed
 from .sizing import advise
 from .view import TrainView
 
@@ -43,7 +45,8 @@ def metered_role(ws: Workspace, config: Config, run_id: str, role: str, model_of
     def record(role_name: str, request: ChatRequest, response: ChatResponse) -> None:
         ws.store.record_call(run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
                              response.usage.completion_tokens, response.latency_s, response.cost_usd,
-                             response.cache_hit, response.usage.cached_tokens)
+                             response.cache_hit, response.usage.cached_tokens, response.charged_s,
+                             response.request_key)
 
     return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
                         listeners=[*shared.listeners, record])
@@ -89,12 +92,17 @@ class TrainContext:
     """One training run of one arm: plumbing shared by every proposer."""
 
     def __init__(self, ws: Workspace, run_id: str, arm: str, config: Config | None = None,
-                 view: TrainView | None = None) -> None:
+                 view: TrainView | None = None, shared_seed: SharedSeed | None = None) -> None:
         self.ws = arm_workspace(ws, config or ws.config)
         self.cfg, self.run_id, self.arm = self.ws.config, run_id, arm
         self.store = self.ws.store
         self.view = view or TrainView(enabled=False)
         self.runner: Runner = self.ws.runner(run_id, cache_scope=self.cfg.cache.training_scope)
+        self.shared_seed = shared_seed  # the seed evaluation this arm shares with the compare seed's others
+        self.seed_runner: Runner | None = shared_seed.runner(self.ws) if shared_seed else None
+        if shared_seed is not None:
+            self.runner = shared_seed.reading(self.runner)
+        self.replays_before = stored_replays(self.store, run_id)
         self.roles: dict[str, MeteredModel] = {r: self._role_model(r) for r in ROLES}
         self.train_tasks: list[Task] = self.ws.tasks("train", self.cfg.train.train_limit)
         for split, n in (("train", len(self.train_tasks)), ("test", len(self.ws.tasks("test", 1)))):
@@ -157,6 +165,10 @@ class TrainContext:
         running = time.perf_counter() - self._step_started if self._step_started is not None else 0.0
         return self.wall_done + running
 
+    def replays(self) -> int:
+        """Replays of stored episodes this run made (grounding, candidate checks), over its processes."""
+        return self.replays_before + self.runner.replays
+
     async def _timed(self, key: str, step: Callable[[], Awaitable[T]]) -> T:
         """Run one step and add its wall time to the `timing` record `key` (steps are never nested)."""
         start = self._step_started = time.perf_counter()
@@ -167,6 +179,7 @@ class TrainContext:
             self._step_started = None
             previous = self.store.get_record(self.run_id, "timing", key) or 0.0
             self.store.put_record(self.run_id, "timing", key, previous + elapsed)
+            self.store.put_record(self.run_id, *REPLAYS, self.replays())
             if key.startswith("r"):
                 self.wall_done += elapsed
 

@@ -12,6 +12,8 @@ between them (strict/tolerance: once the rejection is certain; sequential: accep
 rate). Under the sequential rule a change that only edits H2 is decided on its exact replay instead (exact.py).
 Every decision stores its evidence (`DecisionEvidence`) with the step's record. After every
 decision a `CurvePoint` is stored. Every step is timed and stored, so a rerun resumes without repeating work.
+Time is charged time (charged.py), checked before every episode starts; in a compare the seed harness is
+evaluated once per seed for every arm (shared_seed.py) and charged to each.
 """
 
 from __future__ import annotations
@@ -26,20 +28,23 @@ from ..workspace import Workspace
 from . import records
 from .accept import Decision, make_rule
 from .budget import Budget, Spend, optimizer_spend
+from .charged import charged_seconds
+from .checks import CheckFailed, check_static
 from .context import TrainContext
 from .evaluation import Evaluator, Measured
 from .exact import Replays, decide_on_replays
 from .failures import Pattern
 from .fdcr import SpecWriter
 from .history import StepHistory
-from .implement import Candidate
-from .lever_catalog import edits_only_h2
+from .implement import Candidate, apply_structured
+from .lever_catalog import LEVERS, edits_only_h2
 from .levers import candidate_variants, library_fallback_specs
 from .methods import Method
 from .proposers import Evidence, Proposal, ProposerContext
 from .records import CandidateRecord, CurvePoint, RoundRecord, SpecRecord
 from .rerun import runner_rerun
 from .schedules import StepOutcome
+from .shared_seed import SharedSeed
 from .spec import HarnessSpec
 from .view import TrainView
 
@@ -60,8 +65,8 @@ class Engine(TrainContext):
     """One training run of one arm: `train(seed)` returns (final harness, round records, stop reason)."""
 
     def __init__(self, ws: Workspace, run_id: str, method: Method, config: Config | None = None,
-                 view: TrainView | None = None) -> None:
-        super().__init__(ws, run_id, method.name, config, view)
+                 view: TrainView | None = None, shared_seed: SharedSeed | None = None) -> None:
+        super().__init__(ws, run_id, method.name, config, view, shared_seed)
         if method.schedule is None or method.proposer is None:
             raise ValueError(f"{method.name!r} does not run the training loop")
         self.method, self.schedule, self.proposer = method, method.schedule, method.proposer()
@@ -81,10 +86,11 @@ class Engine(TrainContext):
     # accounting -------------------------------------------------------------------------------------------
     def spend(self) -> Spend:
         """What the run has spent so far (agent episodes from the registered evaluations, optimizer calls
-        from the store, wall time from the timed steps)."""
+        from the store, charged seconds from both (trainer/charged.py), real wall time from the timed steps)."""
         run, cached = self.evaluator.executions()
         optimizer = optimizer_spend(self.store, self.run_id)
-        return Spend(run, cached, optimizer.calls, optimizer.tokens, self.wall_s())
+        charged = charged_seconds(self.store, self.run_id, list(self.evaluator.ledger), run + cached, self.replays())
+        return Spend(run, cached, optimizer.calls, optimizer.tokens, self.wall_s(), charged)
 
     def score(self, version: HarnessVersion, split: str) -> float | None:
         """The harness's stored score on a split, when that evaluation is complete (never a made-up 0)."""
@@ -102,7 +108,7 @@ class Engine(TrainContext):
             arm=self.arm, step=step, harness_id=current.id, val_score=self.score(current, "val"),
             train_score=self.score(current, "train"), wall_s=s.wall_s, agent_executions=s.agent_executions,
             cached_executions=s.cached_executions, optimizer_calls=s.optimizer_calls,
-            optimizer_tokens=s.optimizer_tokens, accepted=accepted))
+            optimizer_tokens=s.optimizer_tokens, accepted=accepted, charged_s=s.charged_s))
         self.store.put_record(self.run_id, "curve-of", decision_key, step)
 
     def curve(self) -> list[CurvePoint]:
@@ -111,11 +117,15 @@ class Engine(TrainContext):
     # the loop ---------------------------------------------------------------------------------------------
     async def train(self, seed: HarnessVersion) -> tuple[HarnessVersion, list[RoundRecord], str]:
         self.store.save_version(seed, note="seed")
+        if self.seed_runner is not None:  # a compare seed's arms evaluate the seed once (shared_seed.py)
+            self.evaluator.shared[seed.id] = self.seed_runner
         if self.store.get_record(self.run_id, "curve-of", "seed") is None:
             await self.collect("r1", 1, seed)
             if self.val_tasks:
                 await self._timed("r1/val-base", lambda: self.evaluator.measure(seed, "val"))
             self.point("seed", seed, accepted=False)
+        if self.shared_seed is not None:  # its run was (re)opened for this arm: nothing more runs in it
+            self.store.finish_run(self.shared_seed.run_id, {"seed_harness": seed.id})
         current, rounds, rejected, stop = seed, [], 0, "round limit reached"
         limit = self.cfg.train.engine.stop_after_rejections
         for r in range(1, self.cfg.train.rounds + 1):
@@ -187,14 +197,27 @@ class Engine(TrainContext):
 
     async def propose(self, ev: Evidence, key: str, target: str | None) -> Proposal:
         """The candidate policy's measured lever when it covers the step's patterns (no role call), else the
-        proposer's spec."""
+        proposer's spec. A lever whose harness this run already validated and rejected (as its spec, or a harness
+        it rebuilds, e.g. a variant of a roles spec) goes to the proposer instead, known before any call."""
         patterns = self.proposer.patterns(self.proposer_context, ev, target)
         taken = self.method.candidates.measured_spec(self.cfg, patterns, self.history.rejected_specs(ev.round))
-        if taken is not None:
+        if taken is not None and not self.rebuilds_rejected(taken[0], ev):
             spec, lever = taken
             return Proposal(spec, patterns, source=f"library: {lever.lever} covers every recurring pattern; "
                             "no role asked", target=target)
         return await self.proposer.propose(self.proposer_context, ev, key, target)
+
+    def rebuilds_rejected(self, spec: HarnessSpec, ev: Evidence) -> bool:
+        """True when a spec the catalog applies itself (no code for the implementer to write) builds a harness
+        this run already validated and rejected: known from the spec alone (no model call, no replay)."""
+        if any(not LEVERS[c.kind].apply for c in spec.changes) or self.cfg.train.implementer_command:
+            return False
+        files, _ = apply_structured(ev.current, spec, ev.trajectories, {t.id: t for t in self.train_tasks})
+        try:
+            version = check_static(ev.current, files, self.train_tasks)
+        except (CheckFailed, ValueError, KeyError):
+            return False
+        return version.id in self.history.rejected_candidates()
 
     async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                          target: str | None = None) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:
@@ -223,6 +246,8 @@ class Engine(TrainContext):
             built.version.id in rejected or changes_nothing(current, built))
         if (built is None or built.version is None or weak) and self.method.candidates.fallback:
             for fallback in library_fallback_specs(patterns):  # no new try: a rejected harness, or a no-op
+                if self.rebuilds_rejected(fallback, ev):  # known without building (and replaying) it
+                    continue
                 attempt = await build(fallback, "implement")
                 if attempt.version is not None and attempt.version.id not in rejected:
                     built, used = attempt, fallback

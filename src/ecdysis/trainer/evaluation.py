@@ -14,7 +14,9 @@ is decided or diagnosed from it; once the grader is fixed, the same command grad
 
 Every training evaluation is registered in the run store (kind `spend`) before it runs; the run's agent
 executions are recounted from the registered evaluations' stored episodes, so a killed run resumes with
-the right spend and episodes run before the kill are charged once.
+the right spend and episodes run before the kill are charged once. Within a batch no episode starts once the
+budget is spent (its charged time included). A harness with a shared evaluation (the compare seed's seed
+harness, `shared_seed.py`) is evaluated by that runner; its stored batches are registered and charged here.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Evaluator:
                  batches: dict[str, int], budget: Budget, spend: Callable[[], Spend]) -> None:
         self.store, self.run_id, self.runner, self.tasks, self.trials = store, run_id, runner, tasks, trials
         self.batches, self.budget, self.spend = batches, budget, spend
+        self.shared: dict[str, Runner] = {}  # harness id -> the runner of a shared evaluation (shared_seed.py)
         self.ledger: dict[str, tuple[int, int]] = {}
         for eval_id, _ in store.records(run_id, "spend"):
             self._count(eval_id)
@@ -83,6 +86,13 @@ class Evaluator:
         done = [t for t in self.store.trajectories(eval_id) if t.termination != INFRA_ERROR]
         run = sum(fresh(t) for t in done)
         self.ledger[eval_id] = (run, len(done) - run)
+
+    def runner_for(self, version: HarnessVersion) -> Runner:
+        return self.shared.get(version.id, self.runner)
+
+    def spent(self) -> str | None:
+        """The budget's stop reason, when it is spent."""
+        return self.budget.exhausted(self.spend())
 
     def executions(self) -> tuple[int, int]:
         """(episodes actually run, cache-served episodes) over every training evaluation of the run."""
@@ -109,7 +119,7 @@ class Evaluator:
         """What is stored for this harness on this split (full batches only), running nothing."""
         out = Measured(version.id, split, [t.id for t in self.tasks[split]], self.trials)
         for chunk in self.chunks(split):
-            eval_id = self.runner.eval_id(version, chunk, self.trials, split)
+            eval_id = self.runner_for(version).eval_id(version, chunk, self.trials, split)
             out.eval_ids.append(eval_id)
             self._merge(out, self.store.trajectories(eval_id))
         return out
@@ -141,6 +151,9 @@ class Evaluator:
                 out.eval_ids.append(eval_id)
                 episodes += trajectories
                 self._merge(out, trajectories)
+                short = any(len(out.per_task.get(t.id, [])) < self.trials for t in chunk)
+                if out.stopped is None and charge and short and (spent := self.spent()):
+                    out.stopped = spent  # the budget ran out inside this batch: no new episode started
             if out.stopped is not None or out.complete or attempt == 1:
                 break
         ran_ids = {task.id for c in chunks for task in c}
@@ -160,21 +173,27 @@ class Evaluator:
                      charge: bool) -> tuple[str, list[Trajectory]] | None:
         """One batch: what is stored, plus (when `run`) the episodes the budget allows. None: nothing stored
         and nothing may run."""
-        eval_id = self.runner.eval_id(version, chunk, self.trials, split)
-        regrade_grader_errors(self.store, self.runner.env, eval_id, chunk)  # the grader may have been fixed
+        runner = self.runner_for(version)
+        eval_id = runner.eval_id(version, chunk, self.trials, split)
+        regrade_grader_errors(self.store, runner.env, eval_id, chunk)  # the grader may have been fixed
         done = self.store.done_keys(eval_id)
         if len(done) >= len(chunk) * self.trials:
+            if charge and eval_id not in self.ledger:  # a shared evaluation another arm ran: charged here too
+                self.store.put_record(self.run_id, "spend", eval_id, {"harness": version.id, "split": split})
+                self._count(eval_id)
             return eval_id, self.store.trajectories(eval_id)
         if run and not charge:
-            summary = await self.runner.evaluate(version, chunk, self.trials, split, split)
+            summary = await runner.evaluate(version, chunk, self.trials, split, split)
             return summary.eval_id, self.store.trajectories(summary.eval_id)
         spend = self.spend()
         fitted = self._fit(chunk, done, self.budget.executions_left(spend)) if run else []
         if not fitted or self.budget.exhausted(spend):
             return (eval_id, self.store.trajectories(eval_id)) if done else None
         if len(fitted) < len(chunk):  # the budget's last episodes: a smaller batch of its own
-            eval_id, chunk = self.runner.eval_id(version, fitted, self.trials, split), fitted
+            eval_id, chunk = runner.eval_id(version, fitted, self.trials, split), fitted
         self.store.put_record(self.run_id, "spend", eval_id, {"harness": version.id, "split": split})
-        summary = await self.runner.evaluate(version, chunk, self.trials, split, split)
+        self.ledger.setdefault(eval_id, (0, 0))  # its calls count toward the time budget as they are made
+        summary = await runner.evaluate(version, chunk, self.trials, split, split,
+                                        stop=lambda: self.spent() is not None)
         self._count(summary.eval_id)
         return summary.eval_id, self.store.trajectories(summary.eval_id)

@@ -162,6 +162,7 @@ class RunnerAdapter:
     versions: dict[str, str] = field(default_factory=dict)  # candidate json -> harness id
     parent_id: str | None = None  # the harness GEPA is mutating this iteration (lineage of its children)
     propose_new_texts: Any = None
+    stop: Callable[[], bool] | None = None  # asked before each episode starts (a spent time budget)
 
     def build(self, candidate: dict[str, str]) -> HarnessVersion:
         version = apply_components(self.seed, candidate, self.train_tasks)
@@ -193,7 +194,7 @@ class RunnerAdapter:
         unique = list({t.id: t for t in batch}.values())
         eval_id = self.runner.eval_id(version, unique, self.trials, label)
         before = self.runner.store.done_keys(eval_id)
-        await self.runner.evaluate(version, unique, self.trials, label, label)
+        await self.runner.evaluate(version, unique, self.trials, label, label, stop=self.stop)
         by_task: dict[str, list[Trajectory]] = {}
         fresh = 0
         for t in self.runner.store.trajectories(eval_id):

@@ -8,7 +8,9 @@ the text layers: `contract` (H3) and `tips` (H5 always-on tips, one per line). C
 checks as every edit (no training ids, task text or gold answers) before any agent run. The budget is the
 shared `train.budget.agent_executions`: GEPA's `max_metric_calls`, and a stopper on the episodes actually run.
 GEPA's val set is our val split (the train split when there is none). Its best candidate is frozen and tested
-like every other arm; a curve point (`records.CurvePoint`) is stored after every GEPA iteration. A killed
+like every other arm; a curve point (`records.CurvePoint`) is stored after every GEPA iteration. Its time is
+charged time like every arm's (trainer/charged.py): the time budget is checked between GEPA's iterations and
+before every episode starts; in a compare its runner also reads the seed's shared evaluation (shared_seed.py). A killed
 run resumes: GEPA reloads its state from `RUN_DIR/gepa/RUN_ID`, finished evaluations are read from the store.
 
 `gepa.optimize` is synchronous and our runner is async: it runs in a worker thread and every runner, model and
@@ -29,11 +31,13 @@ from ..models.base import GenerationParams
 from ..workspace import Workspace
 from . import records
 from .api import run_id_for
-from .budget import Budget, optimizer_spend, training_spend
+from .budget import Budget, optimizer_spend, training_evaluations, training_spend
+from .charged import charged_seconds
 from .context import arm_workspace, freeze_and_test, metered_role
 from .gepa_adapter import ARM, LoopBridge, ReflectionModel, RunnerAdapter, in_thread, text_components
 from .records import CurvePoint
 from .result import RunCosts, TrainResult
+from .shared_seed import SharedSeed
 
 ROLE = "reflector"
 STALL_ITERATIONS = 5  # stop after this many GEPA iterations in a row that ran no agent episode
@@ -56,8 +60,9 @@ def execution_budget(config: Config, train: int, val: int) -> int:
 @dataclass
 class BudgetStopper:
     """Stops GEPA (checked between its iterations) when a shared budget is spent — episodes actually run
-    (`train.budget.agent_executions`), optimizer tokens, training wall time — when it stalls (iterations
-    that run no episode), or when the loop side is gone. `reason` says which."""
+    (`train.budget.agent_executions`), optimizer tokens, charged training time — when it stalls (iterations
+    that run no episode), or when the loop side is gone. `reason` says which. Training time is charged seconds
+    (read from the store on the loop's side)."""
 
     run: GepaRun
     reflection: ReflectionModel
@@ -80,8 +85,8 @@ class BudgetStopper:
             self.reason = f"budget spent ({self.spent()} of {self.budget} agent executions)"
         elif limits.optimizer_tokens is not None and tokens >= limits.optimizer_tokens:
             self.reason = f"budget spent ({tokens} of {limits.optimizer_tokens} optimizer tokens)"
-        elif limits.wall_s is not None and self.run.wall() >= limits.wall_s:
-            self.reason = f"budget spent ({self.run.wall():.0f} of {limits.wall_s:.0f} s of training)"
+        elif limits.wall_s is not None and (charged := adapter.bridge.call(self.run.charged)) >= limits.wall_s:
+            self.reason = f"budget spent ({charged:.0f} of {limits.wall_s:.0f} charged s of training)"
         else:
             self._stalled = self._stalled + 1 if adapter.fresh == self._last else 0
             self._last = adapter.fresh
@@ -140,6 +145,12 @@ class GepaRun:
     def wall(self) -> float:
         return self.wall_before + time.perf_counter() - self.start
 
+    def charged(self) -> float:
+        """Charged seconds so far: its training evaluations' calls and episodes, its reflector's calls."""
+        replays = self.adapter.runner.replays if self.adapter else 0
+        ids = training_evaluations(self.ws.store, self.run_id)
+        return charged_seconds(self.ws.store, self.run_id, ids, self.ws.store.episode_count(ids), replays)
+
     def point(self, step: int, harness_id: str, val: float, accepted: bool, only_new: bool = False) -> None:
         key = f"curve/{step:04d}"  # as the engine keys its points
         if only_new and records.load(self.ws.store, self.run_id, CurvePoint, key) is not None:
@@ -151,7 +162,8 @@ class GepaRun:
             train_score=val if self.val_is_train else None, wall_s=self.wall(),
             agent_executions=self.executions_before + (a.fresh if a else 0),
             cached_executions=self.cached_before + (a.cached if a else 0),
-            optimizer_calls=optimizer.calls, optimizer_tokens=optimizer.tokens, accepted=accepted))
+            optimizer_calls=optimizer.calls, optimizer_tokens=optimizer.tokens, accepted=accepted,
+            charged_s=self.charged()))
         self.ws.store.put_record(self.run_id, "timing", "gepa/optimize", self.wall())
 
     def reflection_model(self, bridge: LoopBridge) -> ReflectionModel:
@@ -177,9 +189,10 @@ def tips_template() -> str:
     return (resources.files("ecdysis.prompts") / "gepa_tips.md").read_text()
 
 
-async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
+async def train_gepa(config: Config, ws: Workspace, shared_seed: SharedSeed | None = None) -> GepaResult:
     """Optimize the configured harness's text layers with GEPA under the shared budget; freeze and test the
-    best candidate. Resumes a killed run of the same config."""
+    best candidate. Resumes a killed run of the same config. `shared_seed`: the compare seed's shared seed
+    evaluation, whose cache scope its runner also reads (the seed's val episodes are served from it)."""
     gepa = gepa_package()
     from gepa.strategies.instruction_proposal import InstructionProposalSignature
 
@@ -196,7 +209,11 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
     budget = execution_budget(cfg, len(train_tasks), len(val_tasks or train_tasks))
     bridge = LoopBridge(asyncio.get_running_loop())
     runner = ws.runner(run_id, cache_scope=cfg.cache.training_scope)
+    if shared_seed is not None:
+        runner = shared_seed.reading(runner)
     adapter = RunnerAdapter(bridge, runner, seed, train_tasks, {t.id for t in val_tasks}, cfg.train.train_trials)
+    if (limit := cfg.train.budget.wall_s) is not None:  # no episode starts once the charged time is spent
+        adapter.stop = lambda: run.charged() >= limit
     run.adapter = adapter
     reflection = run.reflection_model(bridge)
     stopper = BudgetStopper(run, reflection, budget)
@@ -229,7 +246,7 @@ async def train_gepa(config: Config, ws: Workspace) -> GepaResult:
         stop_reason=stopper.reason or "GEPA's metric-call budget spent",
         val_before=scores[0] if val_tasks else None, val_after=scores[result.best_idx] if val_tasks else None,
         test_before=test_before, test_after=test_after,
-        wall_s=float(store.get_record(run_id, "timing", "gepa/optimize") or 0.0),
+        wall_s=float(store.get_record(run_id, "timing", "gepa/optimize") or 0.0), charged_s=run.charged(),
         agent_executions=spent.run, cached_executions=spent.served,
         budget=Budget(budget, cfg.train.budget.optimizer_tokens, cfg.train.budget.wall_s), curve=curve,
         candidates=len(result.candidates), refused=adapter.rejected, **RunCosts.of_run(store, run_id).as_kwargs())

@@ -158,7 +158,9 @@ class CurvePoint(Record):
     `harness_id` is the current harness after the decision and `val_score`/`train_score` its scores where
     they were measured (None: not evaluated on that split). Costs are cumulative for the run:
     `agent_executions` counts episodes actually run (cache-served episodes are `cached_executions`),
-    `optimizer_*` counts the optimizer roles' fresh calls and tokens, `wall_s` the training wall time."""
+    `optimizer_*` counts the optimizer roles' fresh calls and tokens, `charged_s` the charged training seconds
+    (trainer/charged.py; the primary time, None for points stored before it existed) and `wall_s` the real
+    training wall time beside it."""
 
     arm: str
     step: int
@@ -171,6 +173,7 @@ class CurvePoint(Record):
     optimizer_calls: int
     optimizer_tokens: int
     accepted: bool
+    charged_s: float | None = None
 
 
 R = TypeVar("R", bound=Record)

@@ -86,6 +86,7 @@ def runner_rerun(runner: Any) -> EpisodeRerun:
 
     async def rerun(candidate: HarnessVersion, task: Task, traj: Trajectory) -> RerunOutcome:
         turns = StoredTurns(traj)
+        runner.replays += 1
         episode = runner.episode(candidate, task, traj.trial)  # the same sandbox view as a live episode
         conversational = task.user_scenario is not None
         new = await runner.executor.run(episode, turns.chat, turns.user if conversational else None)

@@ -27,7 +27,7 @@ class TrainResult:
     val_after: float | None
     test_before: dict[str, Any] | None
     test_after: dict[str, Any] | None
-    wall_s: float  # training only, not val/test reporting
+    wall_s: float  # real training wall time (the timed steps; gepa: its loop), not val/test reporting
     agent_executions: int  # training episodes actually run (cache-served ones are `cached_executions`)
     cached_executions: int
     optimizer_calls: int
@@ -43,6 +43,7 @@ class TrainResult:
     train_after: float | None = None  # None: the final harness has no complete train evaluation (never a made-up 0)
     timings: dict[str, float] = field(default_factory=dict)
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
+    charged_s: float = 0.0  # charged training seconds (trainer/charged.py): the primary training time
 
     def decisions(self) -> tuple[int, int]:
         """(accepted, rejected) decisions, read off the curve (step 0 is the seed, not a decision); a run
@@ -74,11 +75,14 @@ class RunCosts:
 
     @classmethod
     def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
+        """A run's costs; its training agent tokens over the evaluations it registered as training spend (an
+        engine run: a compare seed's shared seed evaluation included), else over its non-test evaluations."""
         calls = {row["role"]: row for row in store.call_totals(run_id)}
         agent, optimizer = calls.get("agent", {}), optimizer_spend(store, run_id)
+        registered = [key for key, _ in store.records(run_id, "spend")] or None
         return cls(optimizer.calls, optimizer.tokens,
                    (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
-                   training_spend(store, run_id).tokens, dict(store.records(run_id, "timing")),
+                   training_spend(store, run_id, registered).tokens, dict(store.records(run_id, "timing")),
                    {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()})
 
     def as_kwargs(self) -> dict[str, Any]:

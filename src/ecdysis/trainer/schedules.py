@@ -2,9 +2,10 @@
 
 - `RoundSchedule` (aggregate, ecdysis): one step per round over the aggregated patterns of the current
   harness's failures; the loop stops after `train.engine.stop_after_rejections` rejected rounds in a row.
-- `PerFailureSchedule` (serial): one step per failing training task of the *current* harness; after an
-  accepted edit the new harness is evaluated on the training tasks (the full re-evaluation per accepted edit
-  the baseline pays) and the next target is one of its failures. A round ends when every failure of the
+- `PerFailureSchedule` (serial, serial+library): one step per failing training task of the *current* harness,
+  taken in a seeded random order (targets.py); after an accepted edit the new harness is evaluated on the
+  training tasks (the full re-evaluation per accepted edit the baseline pays) and the next target is one of
+  its failures (every one of them a new target, an earlier target included). A round ends when every failure of the
   current harness was tried in it; `train.serial_max_edits` caps the attempts over the run.
 
 A schedule drives the loop through `Loop` (the engine): collect evidence, attempt a step, store a curve point.
@@ -25,6 +26,7 @@ from .budget import Budget, Spend
 from .evaluation import Measured
 from .proposers.base import Evidence
 from .records import DecisionEvidence, RoundRecord, SerialEdit
+from .targets import target_order
 from .view import TrainView
 
 
@@ -127,7 +129,8 @@ class PerFailureSchedule(Schedule):
             done = records.load(loop.store, loop.run_id, SerialEdit, edit_key)
             if done is None:
                 attempted = sum(e.attempted for _, e in records.load_all(loop.store, loop.run_id, SerialEdit))
-                targets = [t for t in ev.collect.failing(threshold) if t not in tried]
+                order = target_order(ev.collect.failing(threshold), loop.cfg.run.seed, ev.key)
+                targets = [t for t in order if t not in tried]
                 if attempted >= cap:
                     record.stop = f"serial_max_edits ({cap}) reached"
                 elif not ev.collect.complete:
@@ -144,6 +147,7 @@ class PerFailureSchedule(Schedule):
                 current = loop.store.load_version(done.harness)
                 # the per-failure full re-evaluation: the next target is a failure of the new harness
                 ev = await loop.collect(f"{key}/f{i + 1}", r, current)
+                tried = set()  # a new harness: each of its failures is a new target
             elif not done.decision_taken:
                 record.stop = loop.budget.exhausted(loop.spend()) or done.reason
                 break

@@ -1,0 +1,33 @@
+"""A training run's charged seconds: its model calls by the rate table, its sandboxed episodes and replays.
+
+The primary training time of every arm (the budget's `wall_s`, the curves, the compare tables): it does not
+depend on how busy the machine was, and re-running a compare from its response cache gives the same numbers
+(docs/claim.md). A run pays for the calls of its training evaluations (a shared seed evaluation included) and
+of its optimizer roles, each distinct request once (`RunStore.charged_calls`), plus `[sandbox] episode_s` per
+episode its training evaluations hold and per replay of a stored episode it made (grounding, checks).
+"""
+
+from __future__ import annotations
+
+from ..models.charge import rates
+from ..store.db import RunStore
+from .budget import training_evaluations
+
+REPLAYS = ("charge", "replays")  # record (kind, key): the replays a run made, summed over its processes
+
+
+def charged_seconds(store: RunStore, run_id: str, eval_ids: list[str], episodes: int, replays: int = 0) -> float:
+    """Charged seconds of a run: the calls of `eval_ids` and its optimizer calls, plus the sandbox charge of
+    `episodes` episodes and `replays` replays."""
+    return store.charged_calls(run_id, eval_ids) + (episodes + replays) * rates().episode_s
+
+
+def run_charged_seconds(store: RunStore, run_id: str) -> float:
+    """Charged seconds of a run's non-test evaluations and optimizer calls (a run without spend records, e.g.
+    the gepa arm's)."""
+    ids = training_evaluations(store, run_id)
+    return charged_seconds(store, run_id, ids, store.episode_count(ids), stored_replays(store, run_id))
+
+
+def stored_replays(store: RunStore, run_id: str) -> int:
+    return int(store.get_record(run_id, *REPLAYS) or 0)

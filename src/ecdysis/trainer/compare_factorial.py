@@ -1,0 +1,165 @@
+"""The factorial table of a compare (`compare-summary --target`): per arm, over its seeds, the charged time to a
+pre-registered val accuracy (misses censored at the budget, restricted mean), the AUC of the val-accuracy curve
+over charged time, test accuracy as paired per-task differences against `serial` (and `serial+library` when
+it ran), the speed-up against them, and tokens. The statistics are `compare_stats.py`'s; docs/claim.md says
+how to read them.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from .compare_results import TRAINED, ArmResult, curve_split, score, time_of
+from .compare_stats import (
+    Estimate,
+    auc,
+    mean_estimate,
+    paired_estimate,
+    rmst_estimate,
+    speedup_estimate,
+    time_to_target,
+)
+
+REFERENCES = ("serial", "serial+library")  # the per-failure arms the claim is measured against
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What was fixed before any arm ran: the target val accuracy and the budget (charged seconds)."""
+
+    target: float
+    budget_s: float | None = None
+
+    @classmethod
+    def resolve(cls, target: float | None, budget_s: float | None, path: Path | None) -> Registration | None:
+        """The command line's target and budget, each defaulting to the registration file's; None: no target."""
+        registered = cls.read(path) if path is not None else None
+        if target is None and registered is None:
+            return None
+        return cls(target if target is not None else registered.target,  # type: ignore[union-attr]
+                   budget_s if budget_s is not None else registered.budget_s if registered else None)
+
+    @classmethod
+    def read(cls, path: Path) -> Registration:
+        """From a TOML file with `target` (and optionally `budget_s`); ValueError naming the file otherwise."""
+        try:
+            data = tomllib.loads(path.read_text())
+            target = float(data["target"])
+            budget = data.get("budget_s")
+            return cls(target, float(budget) if budget is not None else None)
+        except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{path}: not a registration file ({exc!r}); it needs `target = <val accuracy>` and "
+                             "may set `budget_s = <charged seconds>`") from None
+
+
+@dataclass
+class FactorialRow:
+    arm: str
+    seeds: int
+    reached: int | None = None  # seeds whose curve reached the target within the budget
+    time_to_target: Estimate | None = None  # restricted mean charged seconds, misses censored at the budget
+    auc: Estimate | None = None  # time-averaged val accuracy on [0, budget]
+    test_acc: Estimate | None = None
+    test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
+    speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
+    tokens: Estimate | None = None  # agent + optimizer tokens of training (best-of-k: its samples)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def points(result: ArmResult) -> list[tuple[float, float | None]]:
+    split = curve_split(result.curve)
+    return [(time_of(p), score(p, split)) for p in result.curve]
+
+
+def budget_of(results: list[ArmResult], given: float | None) -> tuple[float, str]:
+    """The censoring time τ: the given one, else the arms' recorded budget, else the longest curve (said so)."""
+    if given is not None:
+        return given, "registered"
+    recorded = {r.budget_s for r in results if r.budget_s is not None}
+    if len(recorded) == 1:
+        return recorded.pop(), "train.budget.wall_s"
+    longest = max((time_of(p) for r in results for p in r.curve), default=0.0)
+    return longest, "no single recorded budget: the longest curve's end"
+
+
+def factorial(results: list[ArmResult], target: float, budget_s: float | None = None, reps: int = 2000,
+              seed: int = 0) -> tuple[list[FactorialRow], float, str]:
+    """One row per arm (in run order), the censoring time τ used and where it came from."""
+    tau, source = budget_of(results, budget_s)
+    by_arm: dict[str, dict[int, ArmResult]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, {})[r.seed] = r
+    obs = {arm: {s: time_to_target(points(r), target, tau) for s, r in runs.items() if r.curve}
+           for arm, runs in by_arm.items() if arm in TRAINED or any(r.curve for r in runs.values())}
+    tests = {arm: {s: r.test_per_task for s, r in runs.items() if r.test_per_task} for arm, runs in by_arm.items()}
+    refs = [a for a in REFERENCES if a in by_arm]
+    rows = []
+    for arm, runs in by_arm.items():
+        row = FactorialRow(arm, len(runs))
+        row.test_acc = mean_estimate([r.test_acc for r in runs.values()], reps, seed)
+        row.tokens = mean_estimate([float(r.agent_tokens + r.optimizer_tokens) for r in runs.values()], reps, seed)
+        if arm_obs := obs.get(arm):
+            row.reached = sum(o.reached for o in arm_obs.values())
+            row.time_to_target = rmst_estimate(list(arm_obs.values()), tau, reps, seed)
+            aucs = [a for r in runs.values() if r.curve and (a := auc(points(r), tau)) is not None]
+            row.auc = mean_estimate(aucs, reps, seed)
+            row.speedup_vs = {ref: speedup_estimate(obs.get(ref, {}), arm_obs, tau, reps, seed)
+                              for ref in refs if ref != arm and ref in obs}
+        row.test_vs = {ref: paired_estimate(tests[arm], tests[ref], reps, seed) for ref in refs if ref != arm}
+        rows.append(row)
+    return rows, tau, source
+
+
+@dataclass
+class FactorialReport:
+    """The factorial rows of a result set under a registration, and the censoring time they used."""
+
+    registration: Registration
+    rows: list[FactorialRow]
+    tau: float
+    source: str
+
+    def table(self) -> Table:
+        return factorial_table(self.rows, self.registration.target, self.tau, self.source)
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
+                                    "budget_source": self.source, "rows": [r.to_dict() for r in self.rows]},
+                                   indent=1))
+
+
+def factorial_report(results: list[ArmResult], registration: Registration) -> FactorialReport:
+    rows, tau, source = factorial(results, registration.target, registration.budget_s)
+    return FactorialReport(registration, rows, tau, source)
+
+
+def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
+    return "–" if e is None else e.text(digits, signed)
+
+
+def factorial_table(rows: list[FactorialRow], target: float, tau: float, source: str) -> Table:
+    refs = sorted({ref for r in rows for ref in {**(r.test_vs or {}), **(r.speedup_vs or {})}},
+                  key=lambda a: REFERENCES.index(a) if a in REFERENCES else 99)
+    table = Table(title=f"Factorial table: val target {target:g}, budget τ = {tau:.0f} charged s ({source}); "
+                        "mean [95% bootstrap interval] over seeds")
+    for name in ("arm", "seeds", "reached", "charged s to target (censored, RMST)", "AUC val/τ", "test acc"):
+        table.add_column(name, justify="left" if name == "arm" else "right")
+    for ref in refs:
+        table.add_column(f"test − {ref} (paired)", justify="right")
+        table.add_column(f"speed-up vs {ref}", justify="right")
+    table.add_column("tokens", justify="right")
+    for r in rows:
+        reached = "–" if r.reached is None or r.time_to_target is None else f"{r.reached}/{r.time_to_target.n}"
+        cells = [r.arm, str(r.seeds), reached, _cell(r.time_to_target, 0), _cell(r.auc), _cell(r.test_acc)]
+        for ref in refs:
+            cells += [_cell((r.test_vs or {}).get(ref), signed=True), _cell((r.speedup_vs or {}).get(ref), 2)]
+        cells.append(_cell(r.tokens, 0))
+        table.add_row(*cells)
+    return table

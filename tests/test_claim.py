@@ -1,0 +1,339 @@
+"""Issue 38, the claim's experiment: charged time (deterministic from a cache, a cache hit charged like the call it
+replays, the time budget checked between episodes), the seed evaluation shared by a compare seed's arms, serial's
+targets in a seeded random order with `tried` reset after an accepted edit, and the statistics (censoring,
+restricted mean, AUC, paired bootstrap) on known inputs; the val score never falls back to the train score."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from helpers import BOXED_SPEC, ROLES, Roles, jsonl_project
+
+from ecdysis.config import load_config
+from ecdysis.models import ChatRequest, Message, MeteredModel, ResponseCache, ScriptedModel
+from ecdysis.models.base import user
+from ecdysis.models.charge import RATES_ENV, rates
+from ecdysis.store import RunStore
+from ecdysis.trainer import records, train_async
+from ecdysis.trainer.compare import compare
+from ecdysis.trainer.compare_factorial import factorial
+from ecdysis.trainer.compare_results import ArmResult, add_ratios
+from ecdysis.trainer.compare_stats import (
+    TimeToTarget,
+    auc,
+    kaplan_meier,
+    paired_estimate,
+    restricted_mean,
+    speedup_estimate,
+    time_to_target,
+)
+from ecdysis.trainer.records import CurvePoint, SerialEdit
+from ecdysis.trainer.targets import target_order
+from ecdysis.workspace import Workspace
+
+USELESS_SPEC = {**BOXED_SPEC, "changes": [{"layer": "H3", "kind": "add_rule", "file": "", "text": "Be careful.",
+                                           "repair": "", "value": 0, "rationale": "care"}]}
+
+
+def number(messages: list[Message]) -> int:
+    return int(re.findall(r"\d+", messages[-1].content)[0])
+
+
+def boxed(messages: list[Message]) -> str:
+    i = number(messages)
+    return f"So \\boxed{{{2 * i + 3}}}"
+
+
+def project(tmp_path: Path, run_dir: Path, agent: ScriptedModel, roles: Roles, *overrides: str,
+            wrong: str | None = None) -> Workspace:
+    """Train t0..t5, val v0..v3, test x0..x3 ("Add i and i+3."); `wrong`: a train task whose gold no reply has."""
+    rows = [{"id": f"{s}{k}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3) if f"{s}{k}" != wrong
+             else "-1", "split": split}
+            for s, split, base, n in (("t", "train", 0, 6), ("v", "val", 10, 4), ("x", "test", 20, 4))
+            for k, i in enumerate(range(base, base + n))]
+    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"',
+                             f'run.run_dir="{run_dir}"', "train.train_limit=6", "train.test_limit=4",
+                             f'cache.path="{tmp_path / "c.sqlite"}"', *overrides])
+    ws = Workspace.open(cfg)
+    ws.backends["agent|scripted:agent"] = agent
+    for role in ROLES:
+        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(roles, name="roles")
+    return ws
+
+
+@pytest.fixture
+def rate_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Rates for the scripted models: 1 s per call plus 0.01 s per fresh prompt token and 0.1 s per generated one."""
+    path = tmp_path / "rates.toml"
+    path.write_text('version = "test"\n[sandbox]\nepisode_s = 0.5\n'
+                    '[models."scripted:agent"]\nprompt_tok_s = 100\ngen_tok_s = 10\ncall_s = 1.0\n'
+                    '[models."scripted:roles"]\nprompt_tok_s = 100\ngen_tok_s = 10\ncall_s = 2.0\n')
+    monkeypatch.setenv(RATES_ENV, str(path))
+    return path
+
+
+# ---- charged time --------------------------------------------------------------------------------------------
+
+async def test_a_cache_hit_is_charged_what_the_call_cost_when_it_ran(tmp_path: Path, rate_file: Path) -> None:
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    rated = MeteredModel(ScriptedModel(["four words of reply"], name="agent"), cache=cache)
+    request = ChatRequest(messages=[user("one two three")])
+    fresh, hit = await rated.chat(request), await rated.chat(request)
+    assert not fresh.cache_hit and hit.cache_hit and hit.latency_s == 0.0
+    assert fresh.charged_s == pytest.approx(1.0 + 3 / 100 + 4 / 10) and hit.charged_s == fresh.charged_s
+    assert fresh.request_key == hit.request_key != ""
+    # a model without a rate (a hosted endpoint) is charged its recorded latency, also when served from the cache
+    slow = MeteredModel(ScriptedModel(["ok"], name="hosted", delay_s=0.05), cache=cache)
+    first, again = await slow.chat(request), await slow.chat(request)
+    assert first.charged_s >= 0.05 and again.cache_hit and again.charged_s == first.charged_s
+    # a run pays for one distinct request once (the repeat is what a cold run serves from its own cache)
+    store = RunStore(tmp_path / "run")
+    for r in (fresh, hit, first, again):
+        store.record_call("run", "e1", "agent", r.model_id, r.usage.prompt_tokens, r.usage.completion_tokens,
+                          r.latency_s, 0.0, r.cache_hit, 0, r.charged_s, r.request_key)
+    store.record_call("run", None, "analyst", "m", 1, 1, 0.0, 0.0, False, 0, 3.0, "")  # no cache: always paid
+    store.record_call("run", None, "analyst", "m", 1, 1, 0.0, 0.0, False, 0, 3.0, "")
+    assert store.charged_calls("run", ["e1"]) == pytest.approx(fresh.charged_s + first.charged_s + 6.0)
+    assert store.charged_calls("run", []) == pytest.approx(6.0)  # another run's evaluations are not its own
+
+
+def _ws(tmp_path: Path, run_dir: str, *overrides: str) -> Workspace:
+    return project(tmp_path, tmp_path / run_dir, ScriptedModel(boxed, name="agent", delay_s=0.002),
+                   Roles(spec=USELESS_SPEC), "train.rounds=2", "train.serial_max_edits=2",
+                   "train.engine.skip_debate_when_verified=false", *overrides)
+
+
+async def test_charged_time_is_the_same_when_a_compare_is_rerun_from_its_cache(tmp_path: Path) -> None:
+    """No rate table entry: the scripted models are charged their measured latency (different on every fresh
+    run); a second compare in a new run directory is served entirely from the first one's cache and charges
+    exactly what the first did, point by point."""
+    runs = []
+    for run_dir in ("cold", "from-cache"):
+        ws = _ws(tmp_path, run_dir)
+        runs.append({(r.arm, p.step): (p.charged_s, p.wall_s) for r in await compare(
+            ws.config, ["serial", "aggregate"], open_workspace=lambda cfg, ws=ws: ws) for p in r.curve})
+        ws.close()
+    cold, warm = runs
+    assert cold.keys() == warm.keys() and len(cold) >= 4
+    for key, (charged, _) in cold.items():
+        assert charged is not None and charged > 0
+        assert warm[key][0] == pytest.approx(charged, rel=1e-9, abs=1e-12), key
+    store = RunStore(tmp_path / "from-cache")
+    served = store._rows("SELECT COUNT(*) AS n, SUM(cache_hit) AS h FROM model_calls WHERE eval_id IS NULL "
+                         "OR eval_id IN (SELECT id FROM evaluations WHERE split != 'test')")[0]
+    assert served["n"] > 0 and served["h"] == served["n"]  # every training call of the rerun was a cache hit
+
+
+async def test_the_time_budget_stops_an_evaluation_between_episodes(tmp_path: Path, rate_file: Path) -> None:
+    """Each agent call is charged 1 + 25/100 + 2/10 = 1.45 s: a 3.5 s budget lets the seed's train evaluation
+    (6 tasks, one at a time) start 3 episodes (0, 1.45, 2.9 s spent when they start), not 6; the run stops on
+    the budget."""
+    ws = _ws(tmp_path, "run", "run.concurrency=1", "train.budget.wall_s=3.5")
+    result = await train_async(ws.config, "aggregate", ws=ws)
+    seed = ws.harness().id
+    (train_eval,) = [e for e in ws.store.evaluations(result.run_id) if e["harness_id"] == seed and
+                     e["split"] == "train"]
+    assert len(ws.store.trajectories(train_eval["id"])) == 3
+    assert result.stop_reason.startswith("budget spent: wall_s")
+    assert 3.5 <= result.charged_s <= 3.5 + 2 * (1.0 + 0.5 + 1)  # at most the episode in flight past the limit
+
+
+async def test_the_seed_evaluation_runs_once_per_compare_seed_and_every_curve_starts_at_its_cost(
+        tmp_path: Path, rate_file: Path) -> None:
+    ws = _ws(tmp_path, "run")
+    seed = ws.harness().id
+    results = await compare(ws.config, ["serial", "aggregate", "ecdysis"], open_workspace=lambda cfg: ws)
+    starts = {(r.curve[0].charged_s, r.curve[0].agent_executions, r.curve[0].val_score) for r in results}
+    assert len(starts) == 1 and next(iter(starts))[0] > 0
+    store = RunStore(tmp_path / "run")
+    seed_evals = [e for r in store.runs() for e in store.evaluations(r["id"]) if e["harness_id"] == seed
+                  and e["split"] in ("train", "val")]
+    assert {e["run_id"] for e in seed_evals} == {next(r["id"] for r in store.runs() if r["kind"] == "seed-eval")}
+    episodes = sum(len(store.trajectories(e["id"])) for e in seed_evals)
+    assert episodes == 6 + 4  # train and val, once for the three arms
+
+
+# ---- serial's targets -------------------------------------------------------------------------------------------
+
+def test_targets_come_in_a_seeded_random_order() -> None:
+    ids = [f"{family}-{i}" for family in ("arith", "fact", "seq") for i in range(6)]
+    assert target_order(ids, 0, "r1") == target_order(list(reversed(ids)), 0, "r1")  # the same seed, the same order
+    orders = {tuple(target_order(ids, seed, "r1")) for seed in range(5)}
+    assert len(orders) == 5  # another seed, another order
+    assert all(list(o) != sorted(ids) for o in orders)  # never one family after another
+    assert target_order(ids, 0, "r1") != target_order(ids, 0, "r1/f1")  # a new evaluation draws anew
+
+
+def _seed_where_the_first_target_is_the_first_id(ids: list[str]) -> int:
+    return next(s for s in range(200) if target_order(ids, s, "r1")[0] == sorted(ids)[0])
+
+
+async def test_serial_takes_its_targets_in_the_seeded_order_and_tries_them_again_after_an_accepted_edit(
+        tmp_path: Path) -> None:
+    """Every reply is boxed (the seed rejects it) and t0's gold no reply has: the first edit (the boxed repair)
+    is accepted and t0 still fails. Its first target is t0, so the second edit targets t0 again (a failure of
+    the new harness); kept in `tried`, it would not be."""
+    ids = [f"t{k}" for k in range(6)]
+    seed = _seed_where_the_first_target_is_the_first_id(ids)
+    ws = project(tmp_path, tmp_path / "run", ScriptedModel(boxed, name="agent"), Roles(), "train.rounds=1",
+                 "train.serial_max_edits=3", f"run.seed={seed}", "train.engine.skip_debate_when_verified=false",
+                 wrong="t0")
+    result = await train_async(ws.config, "serial", ws=ws)
+    edits = [e for _, e in records.load_all(ws.store, result.run_id, SerialEdit)]
+    assert edits[0].task == target_order(ids, seed, "r1")[0] == "t0" and edits[0].accepted
+    assert edits[1].task == "t0"
+
+
+async def test_serial_targets_are_not_taken_in_id_order(tmp_path: Path) -> None:
+    ids = [f"t{k}" for k in range(6)]
+    seed = next(s for s in range(200) if target_order(ids, s, "r1")[0] != "t0")
+    ws = project(tmp_path, tmp_path / "run", ScriptedModel(lambda m: "So \\boxed{999}", name="agent"),
+                 Roles(spec=USELESS_SPEC), "train.rounds=1", "train.serial_max_edits=2", f"run.seed={seed}",
+                 "train.engine.skip_debate_when_verified=false")
+    result = await train_async(ws.config, "serial", ws=ws)
+    assert [e.task for e in result.rounds[0].edits][:1] == target_order(ids, seed, "r1")[:1] != ["t0"]
+
+
+# ---- statistics on known inputs -----------------------------------------------------------------------------------
+
+def test_time_to_target_censors_a_miss_at_the_budget() -> None:
+    curve = [(10.0, 0.2), (40.0, None), (60.0, 0.5), (900.0, 0.9)]
+    assert time_to_target(curve, 0.5, 600.0) == TimeToTarget(60.0, True)
+    assert time_to_target(curve, 0.8, 600.0) == TimeToTarget(600.0, False)  # reached only after the budget
+    assert time_to_target([(5.0, None), (6.0, 0.1)], 0.0, 100.0) == TimeToTarget(6.0, True)  # None never reaches
+
+
+def test_kaplan_meier_and_the_restricted_mean_on_known_inputs() -> None:
+    obs = [TimeToTarget(10.0, True), TimeToTarget(20.0, False), TimeToTarget(30.0, True)]
+    assert kaplan_meier(obs) == [(10.0, pytest.approx(2 / 3)), (30.0, 0.0)]
+    assert restricted_mean(obs, 100.0) == pytest.approx(10 + 20 * 2 / 3)
+    misses = [TimeToTarget(10.0, True), TimeToTarget(30.0, True), TimeToTarget(100.0, False)]
+    assert restricted_mean(misses, 100.0) == pytest.approx((10 + 30 + 100) / 3)  # a miss counts the budget
+
+
+def test_auc_is_the_time_averaged_step_curve() -> None:
+    assert auc([(0.0, 0.2), (50.0, 0.6)], 100.0) == pytest.approx((0.2 * 50 + 0.6 * 50) / 100)
+    assert auc([(20.0, 0.5), (40.0, None), (200.0, 1.0)], 100.0) == pytest.approx(0.5)  # held, cut at τ
+    assert auc([(0.0, None)], 100.0) is None
+
+
+def test_paired_bootstrap_on_known_inputs() -> None:
+    a = {0: {"x": 1.0, "y": 1.0, "z": 0.0}, 1: {"u": 1.0, "w": 0.0}}
+    b = {0: {"x": 0.0, "y": 1.0, "z": 0.0, "only-b": 1.0}, 1: {"u": 0.0, "w": 0.0}, 2: {"q": 1.0}}
+    e = paired_estimate(a, b, reps=500, seed=3)
+    assert e is not None and e.n == 5 and e.value == pytest.approx(2 / 5)  # pairs: x, y, z, u, w
+    assert e == paired_estimate(a, b, reps=500, seed=3)  # seeded: the same interval every time
+    assert e.low is not None and e.high is not None and 0.0 <= e.low <= e.value <= e.high <= 1.0
+    same = paired_estimate({0: {"x": 1.0, "y": 1.0}}, {0: {"x": 0.5, "y": 0.5}}, reps=200)
+    assert same is not None and same.low == same.high == same.value == 0.5
+    assert paired_estimate({0: {"x": 1.0}}, {1: {"x": 1.0}}) is None  # no pair in common
+
+
+def test_speedup_is_a_ratio_of_restricted_means_with_misses_censored() -> None:
+    serial = {0: TimeToTarget(300.0, True), 1: TimeToTarget(600.0, False)}
+    arm = {0: TimeToTarget(100.0, True), 1: TimeToTarget(200.0, True)}
+    e = speedup_estimate(serial, arm, 600.0, reps=300)
+    assert e is not None and e.value == pytest.approx((300 + 600) / (100 + 200)) and e.n == 2
+    assert e.low is not None and e.high is not None and e.low <= e.value <= e.high
+
+
+def _point(arm: str, step: int, time: float, val: float | None, train: float | None = None) -> CurvePoint:
+    return CurvePoint(arm=arm, step=step, harness_id=f"{arm}{step}", val_score=val, train_score=train, wall_s=time,
+                      agent_executions=step, cached_executions=0, optimizer_calls=0, optimizer_tokens=0,
+                      accepted=step > 0, charged_s=time)
+
+
+def test_the_factorial_summary_censors_arms_that_miss_the_target_instead_of_dropping_them() -> None:
+    results = []
+    for seed in (0, 1):
+        serial = [_point("serial", 0, 100, 0.2), _point("serial", 1, 400 + 100 * seed, 0.6)]
+        never = [_point("aggregate", 0, 100, 0.2), _point("aggregate", 1, 200, 0.4)]
+        results += [ArmResult("serial", seed, test_acc=0.5, curve=serial, budget_s=600.0,
+                              test_per_task={"a": 1.0, "b": 0.0}),
+                    ArmResult("aggregate", seed, test_acc=0.5, curve=never, budget_s=600.0,
+                              test_per_task={"a": 1.0, "b": 1.0})]
+    rows, tau, source = factorial(results, target=0.6, reps=200)
+    by = {r.arm: r for r in rows}
+    assert (tau, source) == (600.0, "train.budget.wall_s")
+    assert by["aggregate"].reached == 0 and by["aggregate"].time_to_target is not None
+    assert by["aggregate"].time_to_target.value == 600.0 and by["aggregate"].time_to_target.n == 2  # censored
+    assert by["serial"].reached == 2 and by["serial"].time_to_target.value == pytest.approx(450.0)
+    assert by["aggregate"].speedup_vs["serial"].value == pytest.approx(450.0 / 600.0)
+    assert by["aggregate"].test_vs["serial"].value == pytest.approx(0.5)  # paired: b flips on both seeds
+    assert by["serial"].auc.value == pytest.approx(((0.2 * 400 + 0.6 * 200) + (0.2 * 500 + 0.6 * 100)) / 2 / 600)
+
+
+def test_a_missing_val_score_never_falls_back_to_the_train_score() -> None:
+    """A validation cut by the budget leaves the point without a val score: the arm has not reached serial's
+    val accuracy there, whatever its train score."""
+    serial = ArmResult("serial", 0, harness_id="serial1",
+                       curve=[_point("serial", 0, 100, 0.25, 0.0), _point("serial", 1, 500, 0.5, 0.5)])
+    arm = ArmResult("ecdysis", 0, harness_id="ecdysis2",
+                    curve=[_point("ecdysis", 0, 100, 0.25, 0.0), _point("ecdysis", 1, 200, None, 1.0),
+                           _point("ecdysis", 2, 300, 0.5, 1.0)])
+    add_ratios([serial, arm])
+    assert arm.time_to_serial_acc_s == 300.0 and arm.speedup_to_serial_acc == pytest.approx(500 / 300)
+
+
+def test_rates_name_the_catalog_models_by_their_weights() -> None:
+    from ecdysis.models.local_models import CATALOG
+
+    table = rates()
+    for name, spec in CATALOG.items():
+        assert table.rate(f"llama.cpp:{spec.sha256}") == table.models[name]
+
+
+def test_a_bad_rates_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ecdysis.models.charge import RatesError
+
+    path = tmp_path / "bad.toml"
+    path.write_text('[models."m"]\nprompt_tok_s = "fast"\ngen_tok_s = 1\n')
+    monkeypatch.setenv(RATES_ENV, str(path))
+    with pytest.raises(RatesError, match=r"bad.toml.*prompt_tok_s"):
+        rates()
+
+
+def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from ecdysis.cli.main import app
+    from ecdysis.trainer.compare_results import write_results
+
+    curve = [_point("serial", 0, 100, 0.2), _point("serial", 1, 300, 0.6)]
+    results = [ArmResult("serial", s, test_acc=0.5, curve=curve, budget_s=600.0, test_per_task={"a": 1.0})
+               for s in (0, 1)]
+    write_results(results, tmp_path / "cmp")
+    (tmp_path / "reg.toml").write_text("target = 0.6\nbudget_s = 500\n")
+    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
+                                   "--out", str(tmp_path / "pooled")], terminal_width=250)
+    assert out.exit_code == 0, out.output
+    assert "Factorial table: val target 0.6, budget τ = 500" in out.output
+    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2
+
+
+async def test_a_spec_that_rebuilds_a_rejected_harness_is_known_before_any_role_call(tmp_path: Path) -> None:
+    """The check runs on the spec alone (no model call, no replay) and agrees with the real build."""
+    from ecdysis.trainer.engine import Engine
+    from ecdysis.trainer.evaluation import Measured
+    from ecdysis.trainer.methods import method
+    from ecdysis.trainer.proposers import Evidence
+    from ecdysis.trainer.records import RoundRecord
+    from ecdysis.trainer.spec import HarnessSpec
+
+    roles = Roles()
+    ws = project(tmp_path, tmp_path / "run", ScriptedModel(boxed, name="agent"), roles)
+    engine = Engine(ws, "run", method("aggregate"))
+    seed = ws.harness()
+    ev = Evidence("r2", 2, seed, Measured(seed.id, "train", [], 1), [], [])
+    spec, other = HarnessSpec.model_validate(BOXED_SPEC), HarnessSpec.model_validate(USELESS_SPEC)
+    built = await engine.implementer().build(seed, spec, [])
+    assert built.version is not None and not engine.rebuilds_rejected(spec, ev)
+    records.put(ws.store, "run", "r1", RoundRecord(round=1, harness_before=seed.id, harness_after=seed.id,
+                                                   train_score=0.0, candidate=built.version.id, accepted=False))
+    assert engine.rebuilds_rejected(spec, ev) and not engine.rebuilds_rejected(other, ev)
+    assert roles.calls == []  # nothing asked a role
