@@ -34,6 +34,18 @@ def _task_limit(value: Any) -> Any:
 
 # A split's task count; TOML has no null, so "every task" is written "all" (never 0, which is refused).
 TaskLimit = Annotated[int | None, BeforeValidator(_task_limit)]
+
+
+def _holdout_limit(value: Any) -> Any:
+    """The final-selection check's task count: "auto", or a whole number >= 0 (0: no check)."""
+    if value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError('should be "auto" or a whole number of tasks >= 0 (0: no final-selection check)')
+    return value
+
+
+HoldoutLimit = Annotated[int | str, BeforeValidator(_holdout_limit)]
 Positive = Annotated[int, Field(ge=1)]
 NonNegative = Annotated[int, Field(ge=0)]
 Seconds = Annotated[float, Field(gt=0)]
@@ -176,7 +188,7 @@ class TrainSection(BaseModel):
     val_limit: TaskLimit = 20
     # final-selection check before freezing (trainer/holdout.py): the trained harness against the seed on this
     # many val tasks beyond val_limit; "auto": as many as val_limit when the pool has >= 8 more; 0: off
-    holdout_limit: Literal["auto"] | NonNegative = "auto"
+    holdout_limit: HoldoutLimit = "auto"
     min_val_tasks: Positive = 4
     tolerance: Fraction = 0.05
     implement_attempts: Positive = 4
