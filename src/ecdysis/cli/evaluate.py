@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..config import identity_json
+from ..run_identity import identity_json
 from . import failure_views, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, fail
 from .config_flags import USER_ERRORS, SetOpt, build_config

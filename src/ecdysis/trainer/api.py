@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from rich.console import Console
 
-from ..config import Config, identity_json
+from ..config import Config
+from ..run_identity import identity_json
 from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .engine import Engine
