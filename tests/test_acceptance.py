@@ -372,3 +372,30 @@ def test_the_held_out_slice_is_sized_from_what_is_left() -> None:
     assert holdout_size(TrainSection(val_limit=6, holdout_limit=4), 30) == 4
     assert holdout_size(TrainSection(val_limit=6, holdout_limit=40), 30) == 30
     assert holdout_size(TrainSection(holdout_limit=0), 30) == 0
+
+
+def test_exact_training_gains_are_settled_by_val_runs_without_a_loss() -> None:
+    """An H2 change whose training replay is exact (+3 -0) but whose val replays are not: val agent runs settle it.
+    +2 -0 on 12 val tasks is accepted (the sign test alone could not: p = 0.25); any loss rejects, and the early
+    stop names the first lost task."""
+    from ecdysis.trainer.exact import ReplayEvidence, decide_train_exact, first_loss
+
+    train = SplitReplay("train", 24, 24, gained=["a", "b", "c"], lost=[], unknown=[])
+    assert ReplayEvidence(None, train).exact_train_gain()
+    assert not ReplayEvidence(None, SplitReplay("train", 24, 24, ["a"], [], ["b"])).exact_train_gain()  # inexact
+    assert not ReplayEvidence(None, SplitReplay("train", 24, 24, ["a"], ["b"], [])).exact_train_gain()  # a loss
+    ids = [f"v{i}" for i in range(12)]
+    current = {t: [1.0 if i < 6 else 0.0] for i, t in enumerate(ids)}
+    better = {t: [1.0 if i < 8 else 0.0] for i, t in enumerate(ids)}
+    d = decide_train_exact("sequential", train, current, better, ids, "val", 0.05)
+    assert d.accepted and d.evidence is not None and d.evidence.kind == "exact train + val runs"
+    assert (d.evidence.wins, d.evidence.losses, d.evidence.ties, d.evidence.train_gained) == (2, 0, 10, 3)
+    assert exact_sign_test(2, 0) == 0.25  # what the test on agent runs alone would have had to decide on
+    assert "exact replay on stored training replies: train +3 -0; val in agent runs: 12/12" in d.evidence.summary()
+    worse = {**better, "v0": [0.0]}
+    d = decide_train_exact("sequential", train, current, worse, ids, "val", 0.05)
+    assert not d.accepted and "loses 1 val task" in d.reason
+    assert first_loss(current)({"v0": [0.0], "v7": [1.0]}) == "loses val task v0"
+    assert first_loss(current)({"v7": [1.0]}) is None
+    partial = {t: better[t] for t in ids[:6]}
+    assert not decide_train_exact("sequential", train, current, partial, ids, "val").accepted  # val did not run out

@@ -32,7 +32,7 @@ from .charged import charged_seconds
 from .checks import CheckFailed, check_static
 from .context import TrainContext
 from .evaluation import Evaluator, Measured
-from .exact import Replays, decide_on_replays
+from .exact import Replays, decide_on_replays, decide_train_exact, first_loss
 from .failures import Pattern
 from .fdcr import SpecWriter
 from .history import StepHistory
@@ -304,14 +304,22 @@ class Engine(TrainContext):
         h2_only = chosen.id != current.id and edits_only_h2(current, chosen.files)
         if self.rule.pools_exact_evidence and base.complete and h2_only:
             held = [t for e in base.eval_ids for t in self.store.trajectories(e)] if split == "val" else None
-            decided = await self._timed(f"{key}/exact", lambda: decide_on_replays(
+            replayed = await self._timed(f"{key}/exact", lambda: decide_on_replays(
                 self.rule, chosen, Replays(self.ws.env, self.runner.limits, runner_rerun(self.runner)),
                 (trajectories, self.train_tasks), (held, self.evaluator.tasks["val"]), base.score or 0.0))
+            decided = replayed.decision
             if decided is not None:
                 cand = Measured(chosen.id, split, base.expected, trials)
                 if decided.accepted:  # now the current harness: its evaluation is the next decision's base
                     cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(chosen, split))
                 return decided, cand
+            if split == "val" and replayed.train is not None and replayed.exact_train_gain():
+                # the training gain is exact; val replays are not: val runs settle it (stop at the first loss)
+                stop_at_loss = first_loss(base.per_task) if self.cfg.train.engine.early_stop else None
+                cand = await self._timed(f"{key}/validate", lambda: self.evaluator.measure(chosen, split,
+                                                                                           stop_at_loss))
+                return decide_train_exact(self.rule.name, replayed.train, base.per_task, cand.per_task,
+                                          base.expected, split, getattr(self.rule, "alpha", None)), cand
         early = self.cfg.train.engine.early_stop and base.complete
         validation = self.rule.start(base.per_task, base.expected, split,
                                      self.evaluator.batches.get(split) if early else None, trials)

@@ -22,7 +22,8 @@ class DecisionEvidence(Record):
     """What decided an acceptance: which evidence, what was compared, on how many tasks, the effect, the test's
     p-value and why it stopped (shown by `show` and the report; the roles see only the decision's reason)."""
 
-    kind: Literal["exact replay", "sequential test", "rule"]  # exact effects on stored replies, or agent runs
+    # exact effects on stored replies; exact training gains with val decided on agent runs (no loss); agent runs
+    kind: Literal["exact replay", "exact train + val runs", "sequential test", "rule"]
     rule: str
     split: str
     current: str = ""  # harness ids compared
@@ -53,6 +54,10 @@ class DecisionEvidence(Record):
             val = f"; {self.split} +{self.val_gained} -{self.val_lost} of {self.pool}" if self.split != "train" else ""
             return (f"exact replay on stored replies: train +{self.train_gained} -{self.train_lost}{val} "
                     f"(no agent episode): {self.stopped}")
+        if self.kind == "exact train + val runs":
+            return (f"exact replay on stored training replies: train +{self.train_gained} -{self.train_lost}; "
+                    f"{self.split} in agent runs: {self.tasks}/{self.pool} tasks, +{self.wins} -{self.losses} "
+                    f"={self.ties}, {self.episodes} episodes: {self.stopped}")
         text = (f"{self.kind} ({self.rule}) on {self.split}: {self.tasks}/{self.pool} tasks x {self.trials}, "
                 f"+{self.wins} -{self.losses} ={self.ties}, effect {self.effect:+.3f}")
         if self.p_value is not None:
