@@ -212,9 +212,11 @@ def test_an_interrupted_eval_is_marked_interrupted_and_resumes(tmp_path: Path, d
     (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
     args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
             "--limit", "8", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
-    # its own process group, as a terminal's Ctrl-C reaches every process of the foreground job
+    # its own process group, as a terminal's Ctrl-C reaches every process of the foreground job; SIGINT handled
+    # as in a terminal even when the test suite itself runs as a background job (which ignores SIGINT)
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
     db, done, deadline = tmp_path / "r" / DB_NAME, 0, time.time() + 90
     while done < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
