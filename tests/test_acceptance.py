@@ -28,6 +28,24 @@ from ecdysis.workspace import Workspace
 IDS = [f"t{i:02d}" for i in range(64)]
 
 
+@pytest.fixture(autouse=True)
+def _close_workspaces(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202 - a generator fixture
+    """Every workspace a test opens is closed after it: its sandbox workers and zygotes do not outlive the test
+    (left running, they starved a later test's zygote)."""
+    opened: list[Workspace] = []
+    real = Workspace.open
+
+    def tracking(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        ws = real(*args, **kwargs)
+        opened.append(ws)
+        return ws
+
+    monkeypatch.setattr(Workspace, "open", tracking)
+    yield
+    for ws in opened:
+        ws.close()
+
+
 def scores(values: list[float]) -> dict[str, list[float]]:
     return {t: [v] for t, v in zip(IDS, values, strict=False)}
 
