@@ -56,6 +56,7 @@ run: models
 		--data-dir $(DATA_DIR) --run-dir $(RUN_DIR)
 
 test: setup browser
+	cd $(ROOT) && $(BIN)/ruff check src tests benchmarks
 	cd $(ROOT) && ECDYSIS_DATA_DIR=$(DATA_DIR) $(BIN)/pytest -q
 
 lint: setup

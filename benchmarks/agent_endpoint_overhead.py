@@ -199,8 +199,9 @@ def main() -> None:
             terminations: dict[str, int] = {}
             for repeat in range(args.repeats):  # alternated, so a change in the machine's load hits both alike
                 direct_wall += asyncio.run(straight(agent, url, model, rows, args.concurrency, direct_file))
-                wall, more, ends, layered = asyncio.run(through_ecdysis(agent, f"{url}::{model}", rows, args.concurrency,
-                                                               via_file, work / f"r{repeat}"))
+                layered_run = through_ecdysis(agent, f"{url}::{model}", rows, args.concurrency, via_file,
+                                              work / f"r{repeat}")
+                wall, more, ends, layered = asyncio.run(layered_run)
                 via_wall, overhead, layer = via_wall + wall, overhead + more, layer + layered
                 terminations = {k: terminations.get(k, 0) + v for k, v in ends.items()}
             direct = percentiles([float(x) * 1000 for x in direct_file.read_text().split()])

@@ -54,10 +54,12 @@ async def main() -> None:
         backend_tokens += response.usage.completion_tokens
         same += response.text == raw["choices"][0]["message"]["content"]
     total_direct, total_backend = sum(direct_s), sum(backend_s)
-    print(f"model={args.model} prompts={len(prompts)} max_tokens={args.max_tokens} identical_outputs={same}/{len(prompts)}")
+    print(f"model={args.model} prompts={len(prompts)} max_tokens={args.max_tokens} "
+          f"identical_outputs={same}/{len(prompts)}")
     print(f"direct llama-cpp-python: total {total_direct:.3f}s, median {statistics.median(direct_s) * 1000:.1f} ms")
     print(f"ecdysis embedded backend: total {total_backend:.3f}s, median {statistics.median(backend_s) * 1000:.1f} ms")
-    print(f"overhead ratio (wall): {total_backend / total_direct:.4f} ({(total_backend / total_direct - 1) * 100:+.2f}%)")
+    ratio = total_backend / total_direct
+    print(f"overhead ratio (wall): {ratio:.4f} ({(ratio - 1) * 100:+.2f}%)")
     per_direct, per_backend = total_direct / direct_tokens, total_backend / backend_tokens
     print(f"per completion token: direct {per_direct * 1000:.2f} ms ({direct_tokens} tokens), "
           f"backend {per_backend * 1000:.2f} ms ({backend_tokens} tokens); "

@@ -241,14 +241,16 @@ def answers_when_told(messages: list[Message]) -> str:
     return "I am not sure."
 
 
-def rule_ws(tmp_path: Path) -> Workspace:
+def rule_ws(tmp_path: Path, n_val: int = 16, extra: tuple[str, ...] = ()) -> Workspace:
+    """`n_val` "Add" tasks in val (6 in train, 2 in test), roles that always propose the rule, an agent that
+    `answers_when_told`; `extra` config overrides."""
     rows = [{"id": f"{s}{k:02d}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3), "split": split}
-            for s, split, base, n in (("t", "train", 0, 6), ("v", "val", 10, 16), ("x", "test", 40, 2))
+            for s, split, base, n in (("t", "train", 0, 6), ("v", "val", 10, n_val), ("x", "test", 40, 2))
             for k, i in enumerate(range(base, base + n))]
     cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"', "train.rounds=1",
                              f'run.run_dir="{tmp_path / "run"}"', f'cache.path="{tmp_path / "c.sqlite"}"',
                              "train.acceptance=sequential", "train.engine.eval_batch=4", 'train.accept_on="val"',
-                             "train.engine.skip_debate_when_verified=false"])
+                             "train.engine.skip_debate_when_verified=false", *extra])
     ws = Workspace.open(cfg)
     ws.backends["agent|scripted:agent"] = ScriptedModel(answers_when_told, name="agent")
     for role in ROLES:
@@ -324,14 +326,7 @@ def test_init_proposes_a_val_size_for_a_task_file(tmp_path: Path) -> None:
 def holdout_ws(tmp_path: Path, rule_hurts_holdout: bool) -> tuple[Workspace, set[str]]:
     """16 val tasks decide (val_limit), 8 more are the held-out slice. The rule makes the agent right on the
     acceptance tasks; on the held-out ones it is right without the rule and, if `rule_hurts_holdout`, wrong with it."""
-    rows = [{"id": f"{s}{k:02d}", "prompt": f"Add {i} and {i + 3}.", "answer": str(2 * i + 3), "split": split}
-            for s, split, base, n in (("t", "train", 0, 6), ("v", "val", 10, 24), ("x", "test", 40, 2))
-            for k, i in enumerate(range(base, base + n))]
-    cfg = load_config(None, [*jsonl_project(tmp_path, rows), 'agent.model="scripted:agent"', "train.rounds=1",
-                             f'run.run_dir="{tmp_path / "run"}"', f'cache.path="{tmp_path / "c.sqlite"}"',
-                             "train.acceptance=sequential", "train.engine.eval_batch=4", 'train.accept_on="val"',
-                             "train.val_limit=16", "train.engine.skip_debate_when_verified=false"])
-    ws = Workspace.open(cfg)
+    ws = rule_ws(tmp_path, n_val=24, extra=("train.val_limit=16",))
     held = {t.prompt for t in ws.tasks("val", None)[16:]}
 
     def agent(messages: list[Message]) -> str:
@@ -343,8 +338,6 @@ def holdout_ws(tmp_path: Path, rule_hurts_holdout: bool) -> tuple[Workspace, set
         return answers_when_told(messages)
 
     ws.backends["agent|scripted:agent"] = ScriptedModel(agent, name="agent")
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(spec=RULE_SPEC), name="roles")
     return ws, held
 
 

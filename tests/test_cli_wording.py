@@ -139,7 +139,7 @@ def test_ratios_read_the_right_way_round_and_one_seed_has_no_interval() -> None:
 def test_a_round_no_role_ran_says_the_library_wrote_its_spec(tmp_path: Path) -> None:
     config = sevens(tmp_path)
     out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--roles-model", "scripted:unused",
-                  "--run-dir", "r", "--set", "train.acceptance=strict", cwd=tmp_path)  # the wording of a strict decision
+                  "--run-dir", "r", "--set", "train.acceptance=strict", cwd=tmp_path)  # a strict decision's wording
     assert out.returncode == 0, out.stdout + out.stderr
     assert "spec written by the library (enable_repair answer_phrase covers every recurring pattern; no role " \
            "asked)" in out.stdout

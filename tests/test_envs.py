@@ -102,7 +102,8 @@ def test_jsonl_suite_with_user_grader(tmp_path: Path) -> None:
     assert env.grade(tasks[1], "2", {}).passed and not env.grade(tasks[1], "1", {}).passed  # the user's rule
     default = get_environment("jsonl", path=path)
     assert default.grade(tasks[1], " 1 ", {}).passed and not default.grade(tasks[1], "2", {}).passed
-    path.write_text(json.dumps({"id": "a", "prompt": "x", "answer": 1}) + "\n" + json.dumps({"id": "a", "prompt": "y", "answer": 2}))
+    path.write_text(json.dumps({"id": "a", "prompt": "x", "answer": 1}) + "\n"
+                    + json.dumps({"id": "a", "prompt": "y", "answer": 2}))
     with pytest.raises(TaskFileError, match="duplicate id"):
         env.tasks("train")
 

@@ -41,7 +41,8 @@ def completion(text: str) -> dict[str, object]:
     }
 
 
-def fake_model(responses: list[httpx.Response | Exception], seen: list[httpx.Request], **kw: object) -> OpenAICompatModel:
+def fake_model(responses: list[httpx.Response | Exception], seen: list[httpx.Request],
+               **kw: object) -> OpenAICompatModel:
     queue = list(responses)
 
     def handler(request: httpx.Request) -> httpx.Response:

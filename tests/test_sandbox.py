@@ -26,9 +26,11 @@ from ecdysis.store import RunStore
 HEADER = "from ecdysis.harness.api import answer\n"
 BEHAVIOURS = {
     "raises": HEADER + "def realize(reply, ctx):\n    raise RuntimeError('boom in realize')\n",
-    "import_error": "import module_that_does_not_exist\n" + HEADER + "def realize(reply, ctx):\n    return answer('1')\n",
+    "import_error": ("import module_that_does_not_exist\n" + HEADER
+                     + "def realize(reply, ctx):\n    return answer('1')\n"),
     "loops": HEADER + "def realize(reply, ctx):\n    while True:\n        pass\n",
-    "memory": HEADER + "def realize(reply, ctx):\n    block = bytearray(16 * 1024 ** 3)\n    return answer(str(len(block)))\n",
+    "memory": (HEADER + "def realize(reply, ctx):\n    block = bytearray(16 * 1024 ** 3)\n"
+               "    return answer(str(len(block)))\n"),
     "network": "import socket\n" + HEADER + "def realize(reply, ctx):\n"
                "    socket.create_connection(('127.0.0.1', 9), timeout=1)\n    return answer('1')\n",
     "subprocess": "import subprocess\n" + HEADER + "def realize(reply, ctx):\n"
@@ -101,7 +103,8 @@ async def test_agent_token_budget_stops_new_episodes(runner_parts) -> None:  # t
     assert '"budget_exhausted": true' in evaluation["summary"] and '"complete": false' in evaluation["summary"]
 
 
-STATE = ("import os\n" + HEADER + "def realize(reply, ctx):\n    seen = [p for p in ('/tmp/mark', 'mark') if os.path.exists(p)]\n"
+STATE = ("import os\n" + HEADER + "def realize(reply, ctx):\n"
+         "    seen = [p for p in ('/tmp/mark', 'mark') if os.path.exists(p)]\n"
          "    open('/tmp/mark', 'w').write('x')\n    open('mark', 'w').write('x')\n    return answer(str(seen))\n")
 
 
@@ -166,7 +169,8 @@ async def test_an_episode_whose_zygote_dies_is_an_infrastructure_failure_and_ret
     await killer
     (traj,) = store.trajectories(summary.eval_id)
     if retries:  # run again (in a fresh worker process while the zygote is replaced), and this time it finishes
-        assert traj.termination == "answered" and traj.final_answer == "18" and traj.isolation.startswith("bwrap+"), traj.traceback
+        assert traj.termination == "answered" and traj.final_answer == "18", traj.traceback
+        assert traj.isolation.startswith("bwrap+"), traj.traceback
         assert summary.infra_failures == 0 and summary.episodes == 1
     else:  # kept apart from harness failures: not scored, run again by the next invocation
         assert traj.termination == "infra_error" and "zygote" in (traj.traceback or "")
@@ -260,8 +264,8 @@ async def main():
     summary = await runner.evaluate(seed_with("gsm8k", **{"action.py": PROBE}), seeded_order(env.tasks("test"), 0)[:2],
                                     1, "test", "from-copy")
     runner.executor.close()
-    print(json.dumps({"package": ecdysis.__file__, "episodes": [[t.isolation, t.termination, t.final_answer, t.traceback]
-                      for t in store.trajectories(summary.eval_id)]}))
+    episodes = [[t.isolation, t.termination, t.final_answer, t.traceback] for t in store.trajectories(summary.eval_id)]
+    print(json.dumps({"package": ecdysis.__file__, "episodes": episodes}))
 
 asyncio.run(main())
 '''

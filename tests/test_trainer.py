@@ -88,7 +88,8 @@ def test_leaking_edits_are_refused() -> None:
     tasks = [_task(i) for i in range(60, 63)]
     contract = current.files["contract.md"]
     for leak, needle in ((f"{contract}\nFor task-61 say 122.", "task id"),
-                         (f"{contract}\nRemember: what is 60 plus 60 when counting marbles in the jar", "text of training"),
+                         (f"{contract}\nRemember: what is 60 plus 60 when counting marbles in the jar",
+                          "text of training"),
                          (f"{contract}\nIf unsure, answer 124.", "gold answer")):
         with pytest.raises(CheckFailed, match=needle):
             check_static(current, current.files | {"contract.md": leak}, tasks)
