@@ -88,6 +88,8 @@ async def test_a_cache_hit_is_charged_what_the_call_cost_when_it_ran(tmp_path: P
     store.record_call("run", None, "analyst", "m", 1, 1, 0.0, 0.0, False, 0, 3.0, "")
     assert store.charged_calls("run", ["e1"]) == pytest.approx(fresh.charged_s + first.charged_s + 6.0)
     assert store.charged_calls("run", []) == pytest.approx(6.0)  # another run's evaluations are not its own
+    assert store.charged_calls_by_role("run", ["e1"]) == {"agent": pytest.approx(fresh.charged_s + first.charged_s),
+                                                           "analyst": pytest.approx(6.0)}  # where the time went
 
 
 def _ws(tmp_path: Path, run_dir: str, *overrides: str) -> Workspace:
@@ -138,6 +140,10 @@ async def test_the_seed_evaluation_runs_once_per_compare_seed_and_every_curve_st
     results = await compare(ws.config, ["serial", "aggregate", "ecdysis"], open_workspace=lambda cfg: ws)
     starts = {(r.curve[0].charged_s, r.curve[0].agent_executions, r.curve[0].val_score) for r in results}
     assert len(starts) == 1 and next(iter(starts))[0] > 0
+    for r in results:  # where each arm's charged time went adds up to it: the agent, each role, the sandbox
+        assert sum(r.charged_parts.values()) == pytest.approx(r.train_charged_s, abs=0.01), r.charged_parts
+        assert r.charged_parts["agent"] > 0 and r.charged_parts["sandbox"] > 0
+    assert {"analyst", "critic", "moderator"} <= set(next(r for r in results if r.arm == "ecdysis").charged_parts)
     store = RunStore(tmp_path / "run")
     seed_evals = [e for r in store.runs() for e in store.evaluations(r["id"]) if e["harness_id"] == seed
                   and e["split"] in ("train", "val")]
@@ -255,8 +261,9 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     from ecdysis.trainer.compare_results import write_results
 
     curve = [_point("serial", 0, 100, 0.2), _point("serial", 1, 300, 0.6)]
-    results = [ArmResult("serial", s, test_acc=0.5, curve=curve, budget_s=600.0, test_per_task={"a": 1.0})
-               for s in (0, 1)]
+    parts = [{"agent": 220.0, "sandbox": 10.0, "serial": 70.0}, {"agent": 180.0, "sandbox": 10.0, "serial": 110.0}]
+    results = [ArmResult("serial", s, test_acc=0.5, curve=curve, budget_s=600.0, test_per_task={"a": 1.0},
+                         charged_parts=parts[s]) for s in (0, 1)]
     write_results(results, tmp_path / "cmp")
     (tmp_path / "reg.toml").write_text("target = 0.6\nbudget_s = 500\n")
     out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
@@ -265,6 +272,10 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     assert "Factorial table: val target 0.6, budget τ = 500" in out.output
     saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
     assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2
+    # where the time went, mean over the seeds: the seed evaluation (step 0) apart from the other episodes
+    assert saved["rows"][0]["time_parts"] == {"seed evaluation": 100.0, "candidate episodes": 110.0, "serial": 90.0}
+    assert "Where the charged time went" in out.output
+    assert re.search(r"serial\s+│\s+100\s+│\s+110\s+│\s+90\s+│\s+300", out.output), out.output
 
 
 async def test_a_spec_that_rebuilds_a_rejected_harness_is_known_before_any_role_call(tmp_path: Path) -> None:

@@ -235,7 +235,7 @@ def test_compares_of_different_seeds_pool_into_one_summary(tmp_path: Path) -> No
         with pytest.raises(ValueError, match="bad.json: not a compare result"):
             pool_results([tmp_path / "bad.json"])
     RunStore(tmp_path / "train-run").close()  # a run directory whose store holds no compare
-    with pytest.raises(ValueError, match="holds no finished compare seed"):
+    with pytest.raises(ValueError, match="holds no finished compare arm"):
         pool_results([tmp_path / "train-run"])
 
 
@@ -366,3 +366,21 @@ async def test_serial_shows_a_failure_what_was_tried_for_it_before(tmp_path: Pat
     assert len(prompts) == 7  # six failures in round 1, then the first again in round 2
     assert "(first attempt)" in prompts[0] and "(first attempt)" not in prompts[6]
     assert "r1/f0: add_rule Be careful with arithmetic. -> rejected" in prompts[6]
+
+
+async def test_a_compare_killed_in_a_later_arm_still_gives_the_arms_it_finished(tmp_path: Path) -> None:
+    """One designed-suite seed takes hours: the arms finished before a kill are readable from the store."""
+    settings, opener = open_scripted(tmp_path, Roles())
+    cfg = load_config(None, [*settings, "train.rounds=1", "train.serial_max_edits=2"])
+
+    def dies_in_serial(config: object) -> Workspace:
+        ws = opener(config)
+        for role in ROLES:
+            ws.backends[f"{role}|scripted:agent"] = ScriptedModel(lambda m: (_ for _ in ()).throw(KeyboardInterrupt),
+                                                                  name="roles")
+        return ws
+
+    with pytest.raises(KeyboardInterrupt):
+        await compare(cfg, ["fixed", "serial"], open_workspace=dies_in_serial)  # type: ignore[arg-type]
+    stored = pool_results([cfg.run.run_dir])
+    assert [(r.arm, r.seed) for r in stored] == [("fixed", 0)] and stored[0].test_acc is not None

@@ -270,13 +270,18 @@ class RunStore:
     def charged_calls(self, run_id: str, eval_ids: list[str]) -> float:
         """Charged seconds of a run's model calls: its calls outside evaluations (optimizer roles) and the calls
         of `eval_ids`, each distinct request paid once (a repeat is what a cold run serves from its cache)."""
+        return sum(self.charged_calls_by_role(run_id, eval_ids).values())
+
+    def charged_calls_by_role(self, run_id: str, eval_ids: list[str]) -> dict[str, float]:
+        """`charged_calls` by the calls' role (agent, user, analyst, ...): where a run's charged time went."""
         marks = ",".join("?" * len(eval_ids))
         where = f"((run_id=? AND eval_id IS NULL){f' OR eval_id IN ({marks})' if eval_ids else ''})"
         rows = self._rows(
-            f"SELECT COALESCE(SUM(c), 0) AS s FROM (SELECT MAX(charged_s) AS c FROM model_calls WHERE {where} "
-            f"AND call_key != '' GROUP BY call_key UNION ALL SELECT charged_s AS c FROM model_calls WHERE {where} "
-            "AND (call_key = '' OR call_key IS NULL))", (run_id, *eval_ids, run_id, *eval_ids))
-        return float(rows[0]["s"] or 0.0)
+            f"SELECT r, COALESCE(SUM(c), 0) AS s FROM (SELECT MAX(role) AS r, MAX(charged_s) AS c FROM model_calls "
+            f"WHERE {where} AND call_key != '' GROUP BY call_key UNION ALL SELECT role AS r, charged_s AS c "
+            f"FROM model_calls WHERE {where} AND (call_key = '' OR call_key IS NULL)) GROUP BY r ORDER BY r",
+            (run_id, *eval_ids, run_id, *eval_ids))
+        return {str(row["r"]): float(row["s"] or 0.0) for row in rows}
 
     def call_totals(self, run_id: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(

@@ -96,7 +96,8 @@ def arm_result(result: TrainResult, seed: int) -> ArmResult:
         pass_hat_k=test.get("pass_hat_k", 0.0), harness_id=result.final_harness_id, stop_reason=result.stop_reason,
         curve=sorted(result.curve, key=lambda p: p.step),
         prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None,
-        train_charged_s=result.charged_s, budget_s=result.budget.wall_s, test_per_task=per_task_scores(test))
+        train_charged_s=result.charged_s, budget_s=result.budget.wall_s, test_per_task=per_task_scores(test),
+        charged_parts=result.charged_parts)
     out.gap = None if result.train_after is None else result.train_after - out.test_acc
     return out
 
@@ -257,15 +258,21 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)
+                _record(ws, result)  # a seed killed in a later arm still shows this one
             add_ratios(seed_results)  # ratios are per seed
             for result in seed_results:  # the report reads these
-                key = f"{result.arm}/seed{result.seed}"
-                ws.store.put_record("compare", "arm", key, result.row())
-                ws.store.put_record("compare", "curve", key, [p.model_dump(mode="json") for p in result.curve])
+                _record(ws, result)
         finally:
             ws.close()
         results += seed_results
     return results
+
+
+def _record(ws: Workspace, result: ArmResult) -> None:
+    """An arm's row and curve in the compare's store (`compare_results.stored_results` reads them back)."""
+    key = f"{result.arm}/seed{result.seed}"
+    ws.store.put_record("compare", "arm", key, result.row())
+    ws.store.put_record("compare", "curve", key, [p.model_dump(mode="json") for p in result.curve])
 
 
 async def _transfer(ws: Workspace, arm: CompareArm, version: HarnessVersion, model: str) -> float:

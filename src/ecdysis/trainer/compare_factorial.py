@@ -68,6 +68,7 @@ class FactorialRow:
     test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
     speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
     tokens: Estimate | None = None  # agent + optimizer tokens of training (best-of-k: its samples)
+    time_parts: dict[str, float] | None = None  # where the charged seconds went: mean over seeds (`time_parts`)
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -76,6 +77,24 @@ class FactorialRow:
 def points(result: ArmResult) -> list[tuple[float, float | None]]:
     split = curve_split(result.curve)
     return [(time_of(p), score(p, split)) for p in result.curve]
+
+
+def time_parts(result: ArmResult) -> dict[str, float] | None:
+    """An arm's charged seconds by part: the seed evaluation (its curve's step 0, the same for every arm of a
+    seed), the episodes of its other evaluations (agent calls and sandbox), each optimizer role's calls."""
+    if not result.charged_parts:
+        return None
+    parts = dict(result.charged_parts)
+    seed = next((p.charged_s or 0.0 for p in result.curve if p.step == 0), 0.0)
+    episodes = parts.pop("agent", 0.0) + parts.pop("user", 0.0) + parts.pop("sandbox", 0.0)
+    return {"seed evaluation": seed, "candidate episodes": max(episodes - seed, 0.0), **parts}
+
+
+def mean_parts(runs: list[ArmResult]) -> dict[str, float] | None:
+    """`time_parts` averaged over the seeds that have them (a part a seed lacks counts 0 there)."""
+    found = [p for r in runs if (p := time_parts(r)) is not None]
+    names = list(dict.fromkeys(name for p in found for name in p))
+    return {name: sum(p.get(name, 0.0) for p in found) / len(found) for name in names} if found else None
 
 
 def budget_of(results: list[ArmResult], given: float | None) -> tuple[float, str]:
@@ -113,6 +132,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
             row.speedup_vs = {ref: speedup_estimate(obs.get(ref, {}), arm_obs, tau, reps, seed)
                               for ref in refs if ref != arm and ref in obs}
         row.test_vs = {ref: paired_estimate(tests[arm], tests[ref], reps, seed) for ref in refs if ref != arm}
+        row.time_parts = mean_parts(list(runs.values()))
         rows.append(row)
     return rows, tau, source
 
@@ -128,6 +148,9 @@ class FactorialReport:
 
     def table(self) -> Table:
         return factorial_table(self.rows, self.registration.target, self.tau, self.source)
+
+    def time_table(self) -> Table | None:
+        return time_parts_table(self.rows)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
@@ -162,4 +185,19 @@ def factorial_table(rows: list[FactorialRow], target: float, tau: float, source:
             cells += [_cell((r.test_vs or {}).get(ref), signed=True), _cell((r.speedup_vs or {}).get(ref), 2)]
         cells.append(_cell(r.tokens, 0))
         table.add_row(*cells)
+    return table
+
+
+def time_parts_table(rows: list[FactorialRow]) -> Table | None:
+    """Where each training arm's charged time went, mean seconds per seed (None: no arm recorded its parts)."""
+    shown = [r for r in rows if r.time_parts]
+    if not shown:
+        return None
+    names = list(dict.fromkeys(name for r in shown for name in r.time_parts or {}))
+    table = Table(title="Where the charged time went: mean charged s per seed (optimizer roles by name)")
+    for name in ("arm", *names, "total"):
+        table.add_column(name, justify="left" if name == "arm" else "right")
+    for r in shown:
+        parts = r.time_parts or {}
+        table.add_row(r.arm, *(f"{parts[n]:.0f}" if n in parts else "–" for n in names), f"{sum(parts.values()):.0f}")
     return table

@@ -69,6 +69,7 @@ class ArmResult:
     train_charged_s: float | None = None  # charged training seconds (trainer/charged.py): the primary time
     budget_s: float | None = None  # the arm's `train.budget.wall_s` (charged seconds): censoring time of its curve
     test_per_task: dict[str, float] = field(default_factory=dict, repr=False)  # test task -> mean score (paired stats)
+    charged_parts: dict[str, float] = field(default_factory=dict, repr=False)  # role / "sandbox" -> charged s
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
     def row(self) -> dict[str, object]:
@@ -297,7 +298,7 @@ def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path
     rows = [r.row() for r in results]
     json_path, csv_path = directory / "compare.json", directory / "compare.csv"
     json_path.write_text(json.dumps(rows, indent=1))
-    _csv(csv_path, rows, [k for k in rows[0] if k != "test_per_task"] if rows else [])
+    _csv(csv_path, rows, [k for k in rows[0] if k not in ("test_per_task", "charged_parts")] if rows else [])
     summary = summarize(results)
     (directory / "compare_summary.json").write_text(json.dumps(summary, indent=1))
     _csv(directory / "compare_summary.csv", summary, list(summary[0]) if summary else [])
@@ -311,8 +312,8 @@ def arm_result(row: dict[str, object]) -> ArmResult:
 
 
 def stored_results(run_dir: Path) -> list[ArmResult]:
-    """The seeds a compare finished, read from its run store (each seed's rows and curves are recorded as
-    soon as the seed ends, so a compare killed in a later seed still gives the earlier ones)."""
+    """The arms a compare finished, read from its run store (each arm's row and curve is recorded as soon as
+    the arm ends, its seed's ratios when the seed ends, so a compare killed mid-way gives every arm it finished)."""
     from ..store import RunStore
 
     store = RunStore(run_dir)
@@ -335,8 +336,8 @@ def read_results(path: Path) -> list[ArmResult]:
     json_path = path / "compare.json" if path.is_dir() else path
     if path.is_dir() and not json_path.exists() and (path / "ecdysis.sqlite").exists():
         if not (results := stored_results(path)):
-            raise ValueError(f"{path}: its store holds no finished compare seed (a train run, or a compare "
-                             "killed in its first seed)")
+            raise ValueError(f"{path}: its store holds no finished compare arm (a train run, or a compare "
+                             "killed in its first arm)")
         return results
     try:
         rows = json.loads(json_path.read_text())

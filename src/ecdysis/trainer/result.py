@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..store.db import RunStore
-from .budget import Budget, optimizer_spend, training_spend
+from .budget import Budget, optimizer_spend, training_evaluations, training_spend
+from .charged import charged_parts
 from .holdout import HoldoutCheck
 from .records import AcceptRule, CurvePoint, RoundRecord
 
@@ -43,6 +44,7 @@ class TrainResult:
     train_after: float | None = None  # None: the final harness has no complete train evaluation (never a made-up 0)
     timings: dict[str, float] = field(default_factory=dict)
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
+    charged_parts: dict[str, float] = field(default_factory=dict)  # where the charged seconds went (charged.py)
     charged_s: float = 0.0  # charged training seconds (trainer/charged.py): the primary training time
 
     def decisions(self) -> tuple[int, int]:
@@ -72,6 +74,7 @@ class RunCosts:
     training_agent_tokens: int
     timings: dict[str, float]
     prompt_cache: dict[str, tuple[int, int]]
+    charged_parts: dict[str, float]
 
     @classmethod
     def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
@@ -83,7 +86,8 @@ class RunCosts:
         return cls(optimizer.calls, optimizer.tokens,
                    (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
                    training_spend(store, run_id, registered).tokens, dict(store.records(run_id, "timing")),
-                   {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()})
+                   {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
+                   charged_parts(store, run_id, registered or training_evaluations(store, run_id)))
 
     def as_kwargs(self) -> dict[str, Any]:
         """As `TrainResult` keyword arguments."""
