@@ -1,17 +1,21 @@
 """Measure a catalog model's charged-time rates (or the sandbox's per-episode cost) and print the rates.toml entry.
 
-    .venv/bin/python benchmarks/measure_rates.py --model qwen2.5-coder-1.5b [--prompts 64,256,512]
-        [--gens 1,32,96] [--repeats 2]
+    .venv/bin/python benchmarks/measure_rates.py --model qwen2.5-coder-1.5b [--prompts 64,512,1024,2048]
+        [--gens 1,48,160] [--repeats 2]
     .venv/bin/python benchmarks/measure_rates.py --sandbox [--episodes 24] [--concurrency 2]
     .venv/bin/python benchmarks/measure_rates.py --check TASKS.jsonl --grader G --model NAME [--tasks 8]
+    .venv/bin/python benchmarks/measure_rates.py --validate RUN_DIR --model NAME
 
 Model: every (prompt tokens, generated tokens) pair is sent `repeats` times through the embedded backend exactly
 as a run sends it (`LlamaCppModel.chat`: chat template, one call at a time); each prompt starts with a fresh
 random word so the context's prefix cache cannot serve it (what it still serves is taken off, as the charge
-does). The fit is least squares of latency = call_s + fresh prompt tokens / prompt_tok_s + completion tokens /
-gen_tok_s. Sandbox: an evaluation of `--episodes` one-line tasks whose model replies at once (scripted), at the
-runs' concurrency: wall time per episode. Check: a cold evaluation (a fresh response cache) of `--tasks` tasks
-of a suite with the real model, its real wall time beside its charged time (calls + episodes).
+does). The fit is least squares of latency on the terms of `Rate.seconds` (src/ecdysis/models/charge.py: a cost
+per call, per fresh prompt token, per generated token, and per token x context pair for each), coefficients
+kept >= 0. Validate: the table's charge for every fresh call a run recorded with the model (a run made on an
+idle machine) against its measured latency, by role. Sandbox: an evaluation of `--episodes` one-line tasks
+whose model replies at once (scripted), at the runs' concurrency: wall time per episode. Check: a cold
+evaluation (a fresh response cache) of `--tasks` tasks of a suite with the real model, its real wall time
+beside its charged time (calls + episodes).
 Run it on an idle machine: the 1-minute load average is printed with the entry and in its `measured` note.
 """
 
@@ -41,7 +45,6 @@ def filler(n_words: int, rng: random.Random) -> str:
 
 
 async def measure_model(name: str, prompts: list[int], gens: list[int], repeats: int) -> dict[str, object]:
-    import numpy as np
 
     from ecdysis.models import ChatRequest, GenerationParams, Message
     from ecdysis.models.llama_local import LlamaCppModel
@@ -54,22 +57,83 @@ async def measure_model(name: str, prompts: list[int], gens: list[int], repeats:
     for _ in range(repeats):
         for p in prompts:
             for g in gens:
-                text = filler(max(p - 20, 1), rng) + "\nNow write a long essay about sandboxes, never stopping early."
-                request = ChatRequest(messages=[Message(role="user", content=text)],
-                                      params=GenerationParams(max_tokens=g, temperature=0.0, session=f"m{len(rows)}"))
-                start = time.perf_counter()
-                response = await model.chat(request)
-                elapsed = time.perf_counter() - start
-                u = response.usage
-                rows.append((u.prompt_tokens - u.cached_tokens, u.completion_tokens, elapsed))
-                print(f"  prompt {u.prompt_tokens} ({u.cached_tokens} prefix-cached), generated "
-                      f"{u.completion_tokens}: {elapsed:.2f} s", flush=True)
-    design = np.array([[1.0, fresh, gen] for fresh, gen, _ in rows])
-    (call_s, per_prompt, per_gen), *_ = np.linalg.lstsq(design, np.array([r[2] for r in rows]), rcond=None)
-    predicted = design @ np.array([call_s, per_prompt, per_gen])
-    error = float(np.max(np.abs(predicted - np.array([r[2] for r in rows])) / np.array([r[2] for r in rows])))
-    return {"prompt_tok_s": round(1 / per_prompt, 1), "gen_tok_s": round(1 / per_gen, 2),
-            "call_s": round(max(float(call_s), 0.0), 3), "calls": len(rows), "max_relative_error": round(error, 3)}
+                for schema in (None, JSON_SCHEMA) if g > 1 else (None,):  # free text, and under a JSON grammar
+                    text = filler(max(p - 20, 1), rng) + ("\nNow describe sandboxes in JSON: a long essay and many "
+                                                          "points, never stopping early.")
+                    params = GenerationParams(max_tokens=g, temperature=0.0 if schema is None else 0.2,
+                                              json_schema=schema, session=f"m{len(rows)}")
+                    start = time.perf_counter()
+                    response = await model.chat(ChatRequest(messages=[Message(role="user", content=text)],
+                                                            params=params))
+                    elapsed = time.perf_counter() - start
+                    u = response.usage
+                    rows.append((u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.constrained_tokens, elapsed))
+                    print(f"  prompt {u.prompt_tokens} ({u.cached_tokens} prefix-cached), generated "
+                          f"{u.completion_tokens} ({u.constrained_tokens} under a grammar): {elapsed:.2f} s",
+                          flush=True)
+    return fit(rows)
+
+
+# what a role's spec call asks for (trainer/fdcr.py): a JSON object under a grammar
+JSON_SCHEMA = {"type": "object", "properties": {"essay": {"type": "string"}, "points": {"type": "array",
+               "items": {"type": "string"}}}, "required": ["essay", "points"]}
+
+
+def features(prompt: int, cached: int, gen: int, constrained: int) -> list[float]:
+    """The cost model's terms (src/ecdysis/models/charge.py, `Rate.seconds`): 1, fresh prompt tokens, generated
+    tokens, prompt and generation (token x context) pairs in millions, tokens generated under a grammar."""
+    fresh = max(prompt - cached, 0)
+    return [1.0, fresh, gen, fresh * (prompt - fresh + fresh / 2) / 1e6, gen * (prompt + gen / 2) / 1e6,
+            min(constrained, gen)]
+
+
+def fit(rows: list[tuple[int, int, int, int, float]]) -> dict[str, object]:
+    """Least squares of latency on the terms, every coefficient >= 0 (a negative one is dropped and the rest
+    refitted); the rate entry and the largest relative error over the calls."""
+    import numpy as np
+
+    design = np.array([features(p, c, g, k) for p, c, g, k, _ in rows])
+    latency = np.array([r[4] for r in rows])
+    keep = list(range(design.shape[1]))
+    while True:
+        coef, *_ = np.linalg.lstsq(design[:, keep], latency, rcond=None)
+        if (coef >= 0).all() or len(keep) == 1:
+            break
+        keep.pop(int(np.argmin(coef)))
+    full = np.zeros(design.shape[1])
+    full[keep] = np.maximum(coef, 0)
+    call_s, per_prompt, per_gen, prompt_ctx, gen_ctx, constrained = (float(x) for x in full)
+    error = float(np.max(np.abs(design @ full - latency) / latency))
+    return {"prompt_tok_s": round(1 / per_prompt, 1), "gen_tok_s": round(1 / per_gen, 2), "call_s": round(call_s, 3),
+            "prompt_ctx_s": round(prompt_ctx, 2), "gen_ctx_s": round(gen_ctx, 2),
+            "constrained_s": round(constrained, 4), "calls": len(rows), "max_relative_error": round(error, 3)}
+
+
+def validate(store_dir: str, name: str) -> dict[str, object]:
+    """The rate table's charge for every fresh call a run store recorded with the model, against its latency
+    (run the runs on an idle machine): totals by role, and the largest relative error of one call."""
+    from ecdysis.models.charge import rates
+    from ecdysis.store import RunStore
+
+    rate = rates().models[name]
+    store = RunStore(Path(store_dir))
+    rows = store._rows("SELECT role, prompt_tokens, cached_tokens, completion_tokens, latency_s FROM model_calls "
+                       "WHERE cache_hit = 0 AND latency_s > 0")  # the store keeps no grammar flag: the optimizer
+    # roles' calls are taken as constrained (their JSON schemas), the agent's as free (no forced tool calls)
+    store.close()
+    by_role: dict[str, list[float]] = {}
+    worst = 0.0
+    for r in rows:
+        constrained = 0 if r["role"] in ("agent", "user") else r["completion_tokens"]
+        charged = rate.seconds(r["prompt_tokens"], r["cached_tokens"], r["completion_tokens"], constrained)
+        totals = by_role.setdefault(r["role"], [0, 0.0, 0.0])
+        totals[0] += 1
+        totals[1] += charged
+        totals[2] += r["latency_s"]
+        worst = max(worst, abs(charged - r["latency_s"]) / r["latency_s"])
+    roles = {role: {"calls": n, "charged_s": round(c, 1), "latency_s": round(w, 1), "ratio": round(c / w, 3)}
+             for role, (n, c, w) in by_role.items()}
+    return {"table": rates().version, "roles": roles, "max_relative_error": round(worst, 3)}
 
 
 def tasks_file(directory: Path, n: int) -> Path:
@@ -128,8 +192,9 @@ async def check_eval(tasks_path: str, grader: str, name: str, n: int, concurrenc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b", help="catalog name or path to a .gguf")
-    parser.add_argument("--prompts", default="64,256,512", help="prompt sizes (tokens, about)")
-    parser.add_argument("--gens", default="1,32,96", help="generation lengths (max tokens)")
+    parser.add_argument("--prompts", default="64,512,1024,2048", help="prompt sizes (tokens, about)")
+    parser.add_argument("--gens", default="1,48,160", help="generation lengths (max tokens)")
+    parser.add_argument("--validate", metavar="RUN_DIR", help="the table's charge of a run's fresh calls vs latency")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--sandbox", action="store_true", help="measure the sandbox's per-episode cost instead")
     parser.add_argument("--episodes", type=int, default=24)
@@ -140,7 +205,9 @@ def main() -> None:
     args = parser.parse_args()
     note = load_note()
     print(f"# machine: {note}")
-    if args.check:
+    if args.validate:
+        print(json.dumps(validate(args.validate, args.model), indent=1))
+    elif args.check:
         print(json.dumps(asyncio.run(check_eval(args.check, args.grader, args.model, args.tasks, args.concurrency))))
     elif args.sandbox:
         result = asyncio.run(measure_sandbox(args.episodes, args.concurrency))
@@ -150,8 +217,9 @@ def main() -> None:
         result = asyncio.run(measure_model(args.model, [int(x) for x in args.prompts.split(",")],
                                            [int(x) for x in args.gens.split(",")], args.repeats))
         print(json.dumps(result))
-        print(f'[models."{args.model}"]\nprompt_tok_s = {result["prompt_tok_s"]}\ngen_tok_s = {result["gen_tok_s"]}\n'
-              f'call_s = {result["call_s"]}\nmeasured = "benchmarks/measure_rates.py, {note}"')
+        entry = "\n".join(f"{k} = {result[k]}" for k in ("prompt_tok_s", "gen_tok_s", "call_s", "prompt_ctx_s",
+                                                           "gen_ctx_s", "constrained_s"))
+        print(f'[models."{args.model}"]\n{entry}\nmeasured = "benchmarks/measure_rates.py, {note}"')
 
 
 if __name__ == "__main__":

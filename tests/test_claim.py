@@ -242,6 +242,26 @@ def test_rates_name_the_catalog_models_by_their_weights() -> None:
         assert table.rate(f"llama.cpp:{spec.sha256}") == table.models[name]
 
 
+def test_a_longer_context_costs_more_per_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attention over a growing context: the same fresh tokens cost more after a long cached prefix, the same
+    generated tokens more after a long prompt; without the context terms a rate is the plain linear one."""
+    path = tmp_path / "ctx.toml"
+    path.write_text('version = "ctx"\n[models."m"]\nprompt_tok_s = 100\ngen_tok_s = 10\ncall_s = 0.5\n'
+                    'prompt_ctx_s = 4\ngen_ctx_s = 20\n[models."plain"]\nprompt_tok_s = 100\ngen_tok_s = 10\n')
+    monkeypatch.setenv(RATES_ENV, str(path))
+    m, plain = rates().models["m"], rates().models["plain"]
+    assert m.seconds(1000, 0, 100) == pytest.approx(0.5 + 10 + 10 + 4 * 1000 * 500 / 1e6 + 20 * 100 * 1050 / 1e6)
+    assert m.seconds(1100, 1000, 0) == pytest.approx(0.5 + 1 + 4 * 100 * 1050 / 1e6)  # fresh after a cached prefix
+    assert m.seconds(2000, 1000, 0) > m.seconds(1000, 0, 0)  # the same fresh tokens, a longer context
+    assert plain.seconds(1000, 200, 50) == pytest.approx(8 + 5)
+    grammar = tmp_path / "grammar.toml"
+    grammar.write_text('version = "g"\n[models."m"]\nprompt_tok_s = 100\ngen_tok_s = 10\nconstrained_s = 0.04\n')
+    monkeypatch.setenv(RATES_ENV, str(grammar))
+    g = rates().models["m"]  # tokens generated under a grammar (a role's JSON schema) cost more each
+    assert g.seconds(100, 0, 50, constrained=50) == pytest.approx(1 + 5 + 50 * 0.04)
+    assert g.seconds(100, 0, 50) == pytest.approx(1 + 5)
+
+
 def test_a_bad_rates_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ecdysis.models.charge import RatesError
 
@@ -249,6 +269,9 @@ def test_a_bad_rates_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
     path.write_text('[models."m"]\nprompt_tok_s = "fast"\ngen_tok_s = 1\n')
     monkeypatch.setenv(RATES_ENV, str(path))
     with pytest.raises(RatesError, match=r"bad.toml.*prompt_tok_s"):
+        rates()
+    path.write_text('[models."m"]\nprompt_tok_s = 1\ngen_tok_s = 1\ngen_ctx_s = -2\n')
+    with pytest.raises(RatesError, match=r"bad.toml.*gen_ctx_s"):
         rates()
 
 

@@ -48,6 +48,10 @@ async def test_embedded_json_schema_reply_parses(smollm_path: Path) -> None:
     response = await model.chat(req("Where is the Eiffel Tower? Reply in JSON.", max_tokens=60, json_schema=SCHEMA))
     data = json.loads(response.text)
     assert set(data) >= {"city", "country"} and isinstance(data["city"], str)
+    # generated under the grammar: charged at the grammar's rate (models/charge.py); a free reply is not
+    assert response.usage.constrained_tokens == response.usage.completion_tokens > 0
+    free = await model.chat(req("Where is the Eiffel Tower?", max_tokens=8))
+    assert free.usage.constrained_tokens == 0 and free.usage.completion_tokens > 0
 
 
 async def test_second_identical_call_hits_cache_without_model_time(smollm_path: Path, tmp_path: Path) -> None:

@@ -71,6 +71,7 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    constrained_tokens: int = 0  # of completion_tokens, generated under a grammar (JSON schema, forced call)
 
     @property
     def total_tokens(self) -> int:

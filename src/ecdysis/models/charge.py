@@ -2,13 +2,17 @@
 
 Real wall time depends on what else the machine runs; charged time does not. A model call is charged
 
-    call_s + (prompt tokens - prefix-cached tokens) / prompt_tok_s + completion tokens / gen_tok_s
+    call_s + fresh / prompt_tok_s + generated / gen_tok_s + constrained_s * constrained
+           + prompt_ctx_s * fresh * (cached + fresh / 2) / 1e6 + gen_ctx_s * generated * (prompt + generated / 2) / 1e6
 
-at the model's rates (`rates.toml` beside this file: measured once per catalog model on an idle machine by
-`benchmarks/measure_rates.py`; `$ECDYSIS_RATES` names a file whose entries are added or win). A model without
-an entry (a hosted or HTTP endpoint) is charged the latency it was recorded with when it ran fresh. A call
-served from the response cache is charged what it cost when it ran: the cache keeps the original usage and
-latency. A sandboxed episode (live or a replay of stored replies) is charged `[sandbox] episode_s`.
+at the model's rates (fresh = prompt tokens - prefix-cached tokens; constrained = generated tokens under a
+grammar, e.g. a role's JSON schema, each slower; the last two terms are attention over a growing context: a
+1500-token role prompt costs more per token than a 100-token agent prompt). The rates live in
+`rates.toml` beside this file, measured once per catalog model on an idle machine by
+`benchmarks/measure_rates.py`; `$ECDYSIS_RATES` names a file whose entries are added or win. A model without an
+entry (a hosted or HTTP endpoint) is charged the latency it was recorded with when it ran fresh. A call served
+from the response cache is charged what it cost when it ran: the cache keeps the original usage and latency.
+A sandboxed episode (live or a replay of stored replies) is charged `[sandbox] episode_s`.
 
 Which calls a *run* pays is decided where runs are summed (`store.charged_calls`): a call the run already made
 (the same request to the same model, whatever the cache scope) is free, as it would be in a cold run of that
@@ -36,16 +40,24 @@ class RatesError(ValueError):
 
 @dataclass(frozen=True)
 class Rate:
-    """One model's measured speed (one call at a time, as the embedded backend serves them)."""
+    """One model's measured speed (one call at a time, as the embedded backend serves them). `prompt_ctx_s` and
+    `gen_ctx_s`: seconds per million (token x context token) pairs, the cost of a longer context."""
 
     prompt_tok_s: float
     gen_tok_s: float
     call_s: float = 0.0
     measured: str = ""
+    prompt_ctx_s: float = 0.0
+    gen_ctx_s: float = 0.0
+    constrained_s: float = 0.0  # extra seconds per token generated under a grammar
 
-    def seconds(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    def seconds(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int, constrained: int = 0) -> float:
         fresh = max(prompt_tokens - cached_tokens, 0)
-        return self.call_s + fresh / self.prompt_tok_s + completion_tokens / self.gen_tok_s
+        cached = prompt_tokens - fresh
+        return (self.call_s + fresh / self.prompt_tok_s + completion_tokens / self.gen_tok_s
+                + self.constrained_s * min(constrained, completion_tokens)
+                + self.prompt_ctx_s * fresh * (cached + fresh / 2) / 1e6
+                + self.gen_ctx_s * completion_tokens * (prompt_tokens + completion_tokens / 2) / 1e6)
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,7 @@ class RateTable:
         if rate is None:
             return max(response.latency_s, 0.0)
         u = response.usage
-        return rate.seconds(u.prompt_tokens, u.cached_tokens, u.completion_tokens)
+        return rate.seconds(u.prompt_tokens, u.cached_tokens, u.completion_tokens, u.constrained_tokens)
 
 
 def _positive(value: object, where: str, name: str) -> float:
@@ -89,14 +101,19 @@ def parse_rates(data: dict[str, object], where: str) -> RateTable:
     for name, entry in entries.items():
         if not isinstance(entry, dict):
             raise RatesError(f"{where}: [models.{name!r}] should be a table")
-        unknown = set(entry) - {"prompt_tok_s", "gen_tok_s", "call_s", "measured"}
+        unknown = set(entry) - {"prompt_tok_s", "gen_tok_s", "call_s", "measured", "prompt_ctx_s", "gen_ctx_s",
+                                "constrained_s"}
         if unknown:
             raise RatesError(f"{where}: [models.{name!r}] has unknown key(s) {sorted(unknown)}")
         prompt, gen = (_positive(entry.get(k), f"{where} [models.{name!r}]", k) for k in ("prompt_tok_s", "gen_tok_s"))
         if not prompt or not gen:
             raise RatesError(f"{where}: [models.{name!r}] needs prompt_tok_s and gen_tok_s > 0")
-        models[name] = Rate(prompt, gen, _positive(entry.get("call_s", 0.0), f"{where} [models.{name!r}]", "call_s"),
-                            str(entry.get("measured", "")))
+        here = f"{where} [models.{name!r}]"
+        models[name] = Rate(prompt, gen, _positive(entry.get("call_s", 0.0), here, "call_s"),
+                            str(entry.get("measured", "")), _positive(entry.get("prompt_ctx_s", 0.0), here,
+                                                                      "prompt_ctx_s"),
+                            _positive(entry.get("gen_ctx_s", 0.0), here, "gen_ctx_s"),
+                            _positive(entry.get("constrained_s", 0.0), here, "constrained_s"))
     sandbox = data.get("sandbox", {})
     if not isinstance(sandbox, dict):
         raise RatesError(f"{where}: [sandbox] should be a table")

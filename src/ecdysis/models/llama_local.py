@@ -226,6 +226,7 @@ class LlamaCppModel:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         try:
             out, seconds, reused = await asyncio.to_thread(self._generate, request, forced)
+            constrained = forced is not None or request.params.json_schema is not None  # as _generate decides
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
@@ -241,6 +242,7 @@ class LlamaCppModel:
                 prompt_tokens=usage.get("prompt_tokens", 0),
                 completion_tokens=usage.get("completion_tokens", 0),
                 cached_tokens=reused,
+                constrained_tokens=usage.get("completion_tokens", 0) if constrained else 0,
             ),
             latency_s=seconds,
             cost_usd=0.0,
