@@ -102,13 +102,17 @@ async def test_charged_time_is_the_same_when_a_compare_is_rerun_from_its_cache(t
     """No rate table entry: the scripted models are charged their measured latency (different on every fresh
     run); a second compare in a new run directory is served entirely from the first one's cache and charges
     exactly what the first did, point by point."""
-    runs = []
+    runs, spent = [], []
     for run_dir in ("cold", "from-cache"):
         ws = _ws(tmp_path, run_dir)
-        runs.append({(r.arm, p.step): (p.charged_s, p.wall_s) for r in await compare(
-            ws.config, ["serial", "aggregate"], open_workspace=lambda cfg, ws=ws: ws) for p in r.curve})
+        results = await compare(ws.config, ["serial", "aggregate"], open_workspace=lambda cfg, ws=ws: ws)
+        runs.append({(r.arm, p.step): (p.charged_s, p.wall_s) for r in results for p in r.curve})
+        spent.append({r.arm: (r.cold_tokens, r.agent_tokens + r.optimizer_tokens) for r in results})
         ws.close()
     cold, warm = runs
+    # tokens as a cold run spends them are the same from the cache; the fresh ones are not (nothing ran fresh)
+    assert {a: t for a, (t, _) in spent[0].items()} == {a: t for a, (t, _) in spent[1].items()}
+    assert all(t > 0 for t, _ in spent[1].values()) and all(fresh == 0 for _, fresh in spent[1].values())
     assert cold.keys() == warm.keys() and len(cold) >= 4
     for key, (charged, _) in cold.items():
         assert charged is not None and charged > 0

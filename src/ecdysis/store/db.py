@@ -270,18 +270,24 @@ class RunStore:
     def charged_calls(self, run_id: str, eval_ids: list[str]) -> float:
         """Charged seconds of a run's model calls: its calls outside evaluations (optimizer roles) and the calls
         of `eval_ids`, each distinct request paid once (a repeat is what a cold run serves from its cache)."""
-        return sum(self.charged_calls_by_role(run_id, eval_ids).values())
+        return sum(s for s, _ in self.paid_calls_by_role(run_id, eval_ids).values())
 
     def charged_calls_by_role(self, run_id: str, eval_ids: list[str]) -> dict[str, float]:
         """`charged_calls` by the calls' role (agent, user, analyst, ...): where a run's charged time went."""
+        return {role: s for role, (s, _) in self.paid_calls_by_role(run_id, eval_ids).items()}
+
+    def paid_calls_by_role(self, run_id: str, eval_ids: list[str]) -> dict[str, tuple[float, int]]:
+        """Per role, the charged seconds and the tokens (prompt + completion) of the calls `charged_calls` pays:
+        what a cold run of this run alone would spend, whatever its cache served."""
         marks = ",".join("?" * len(eval_ids))
         where = f"((run_id=? AND eval_id IS NULL){f' OR eval_id IN ({marks})' if eval_ids else ''})"
         rows = self._rows(
-            f"SELECT r, COALESCE(SUM(c), 0) AS s FROM (SELECT MAX(role) AS r, MAX(charged_s) AS c FROM model_calls "
-            f"WHERE {where} AND call_key != '' GROUP BY call_key UNION ALL SELECT role AS r, charged_s AS c "
-            f"FROM model_calls WHERE {where} AND (call_key = '' OR call_key IS NULL)) GROUP BY r ORDER BY r",
-            (run_id, *eval_ids, run_id, *eval_ids))
-        return {str(row["r"]): float(row["s"] or 0.0) for row in rows}
+            f"SELECT r, COALESCE(SUM(c), 0) AS s, COALESCE(SUM(t), 0) AS t FROM (SELECT MAX(role) AS r, "
+            f"MAX(charged_s) AS c, MAX(prompt_tokens + completion_tokens) AS t FROM model_calls WHERE {where} "
+            f"AND call_key != '' GROUP BY call_key UNION ALL SELECT role AS r, charged_s AS c, "
+            f"prompt_tokens + completion_tokens AS t FROM model_calls WHERE {where} AND (call_key = '' OR "
+            "call_key IS NULL)) GROUP BY r ORDER BY r", (run_id, *eval_ids, run_id, *eval_ids))
+        return {str(row["r"]): (float(row["s"] or 0.0), int(row["t"] or 0)) for row in rows}
 
     def call_totals(self, run_id: str) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows(

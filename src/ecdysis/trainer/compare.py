@@ -97,7 +97,7 @@ def arm_result(result: TrainResult, seed: int) -> ArmResult:
         curve=sorted(result.curve, key=lambda p: p.step),
         prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None,
         train_charged_s=result.charged_s, budget_s=result.budget.wall_s, test_per_task=per_task_scores(test),
-        charged_parts=result.charged_parts)
+        charged_parts=result.charged_parts, cold_tokens=result.cold_tokens)
     out.gap = None if result.train_after is None else result.train_after - out.test_acc
     return out
 
@@ -254,7 +254,8 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
-                ctx.spend[arm.name] = result.agent_tokens + result.optimizer_tokens  # its training spend in tokens
+                # its training spend in tokens, as a cold run spends them (a shared cache serves some of them)
+                ctx.spend[arm.name] = result.cold_tokens or result.agent_tokens + result.optimizer_tokens
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)

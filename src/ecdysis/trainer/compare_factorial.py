@@ -67,7 +67,7 @@ class FactorialRow:
     test_acc: Estimate | None = None
     test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
     speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
-    tokens: Estimate | None = None  # agent + optimizer tokens of training (best-of-k: its samples)
+    tokens: Estimate | None = None  # training tokens a cold run spends (`tokens`; best-of-k: its samples)
     time_parts: dict[str, float] | None = None  # where the charged seconds went: mean over seeds (`time_parts`)
 
     def to_dict(self) -> dict[str, object]:
@@ -77,6 +77,12 @@ class FactorialRow:
 def points(result: ArmResult) -> list[tuple[float, float | None]]:
     split = curve_split(result.curve)
     return [(time_of(p), score(p, split)) for p in result.curve]
+
+
+def tokens(result: ArmResult) -> int:
+    """Training tokens as a cold run spends them (each paid request once, cache or not); results recorded
+    before that was kept: the fresh agent + optimizer tokens."""
+    return result.cold_tokens if result.cold_tokens else result.agent_tokens + result.optimizer_tokens
 
 
 def time_parts(result: ArmResult) -> dict[str, float] | None:
@@ -123,7 +129,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
     for arm, runs in by_arm.items():
         row = FactorialRow(arm, len(runs))
         row.test_acc = mean_estimate([r.test_acc for r in runs.values()], reps, seed)
-        row.tokens = mean_estimate([float(r.agent_tokens + r.optimizer_tokens) for r in runs.values()], reps, seed)
+        row.tokens = mean_estimate([float(tokens(r)) for r in runs.values()], reps, seed)
         if arm_obs := obs.get(arm):
             row.reached = sum(o.reached for o in arm_obs.values())
             row.time_to_target = rmst_estimate(list(arm_obs.values()), tau, reps, seed)

@@ -70,6 +70,7 @@ class ArmResult:
     budget_s: float | None = None  # the arm's `train.budget.wall_s` (charged seconds): censoring time of its curve
     test_per_task: dict[str, float] = field(default_factory=dict, repr=False)  # test task -> mean score (paired stats)
     charged_parts: dict[str, float] = field(default_factory=dict, repr=False)  # role / "sandbox" -> charged s
+    cold_tokens: int | None = None  # training tokens (agent + roles) a cold run would spend, whatever was cached
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
     def row(self) -> dict[str, object]:

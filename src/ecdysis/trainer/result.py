@@ -45,6 +45,7 @@ class TrainResult:
     timings: dict[str, float] = field(default_factory=dict)
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
     charged_parts: dict[str, float] = field(default_factory=dict)  # where the charged seconds went (charged.py)
+    cold_tokens: int = 0  # training tokens (agent + roles) a cold run would spend: each paid request once
     charged_s: float = 0.0  # charged training seconds (trainer/charged.py): the primary training time
 
     def decisions(self) -> tuple[int, int]:
@@ -75,6 +76,7 @@ class RunCosts:
     timings: dict[str, float]
     prompt_cache: dict[str, tuple[int, int]]
     charged_parts: dict[str, float]
+    cold_tokens: int
 
     @classmethod
     def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
@@ -83,11 +85,13 @@ class RunCosts:
         calls = {row["role"]: row for row in store.call_totals(run_id)}
         agent, optimizer = calls.get("agent", {}), optimizer_spend(store, run_id)
         registered = [key for key, _ in store.records(run_id, "spend")] or None
+        training = registered or training_evaluations(store, run_id)
         return cls(optimizer.calls, optimizer.tokens,
                    (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
                    training_spend(store, run_id, registered).tokens, dict(store.records(run_id, "timing")),
                    {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
-                   charged_parts(store, run_id, registered or training_evaluations(store, run_id)))
+                   charged_parts(store, run_id, training),
+                   sum(t for _, t in store.paid_calls_by_role(run_id, training).values()))
 
     def as_kwargs(self) -> dict[str, Any]:
         """As `TrainResult` keyword arguments."""
