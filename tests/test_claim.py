@@ -18,7 +18,7 @@ from ecdysis.models.charge import RATES_ENV, rates
 from ecdysis.store import RunStore
 from ecdysis.trainer import records, train_async
 from ecdysis.trainer.compare import compare
-from ecdysis.trainer.compare_factorial import factorial
+from ecdysis.trainer.compare_factorial import factor_rows, factorial
 from ecdysis.trainer.compare_results import ArmResult, add_ratios
 from ecdysis.trainer.records import CurvePoint, SerialEdit
 from ecdysis.trainer.targets import target_order
@@ -226,6 +226,25 @@ def test_the_factorial_summary_censors_arms_that_miss_the_target_instead_of_drop
     assert by["serial"].auc.value == pytest.approx(((0.2 * 400 + 0.6 * 200) + (0.2 * 500 + 0.6 * 100)) / 2 / 600)
 
 
+def test_each_factor_is_the_arm_with_it_against_the_arm_without_it() -> None:
+    """Library: serial+library vs serial; aggregation: aggregate vs serial+library; debate: ecdysis vs aggregate.
+    Known curves: the target 0.6 reached at 400 / 200 / 100 / 100 charged s on both seeds."""
+    reach = {"serial": 400, "serial+library": 200, "aggregate": 100, "ecdysis": 100}
+    tests = {"serial": 0.0, "serial+library": 0.0, "aggregate": 1.0, "ecdysis": 1.0}
+    results = [ArmResult(arm, seed, curve=[_point(arm, 0, 50, 0.2), _point(arm, 1, at, 0.6)], budget_s=600.0,
+                         test_per_task={"a": tests[arm], "b": 1.0})
+               for seed in (0, 1) for arm, at in reach.items()]
+    factors = {f.factor: f for f in factor_rows(results, target=0.6, tau=600.0, reps=200)}
+    assert list(factors) == ["library", "aggregation", "debate"]
+    assert factors["library"].speedup.value == pytest.approx(2.0) and factors["library"].test_diff.value == 0
+    assert factors["aggregation"].speedup.value == pytest.approx(2.0)
+    assert factors["aggregation"].test_diff.value == pytest.approx(0.5)  # task a flips, b does not
+    assert factors["aggregation"].auc_diff.value == pytest.approx(0.4 * 100 / 600)  # 0.6 instead of 0.2 for 100 s
+    assert factors["debate"].speedup.value == pytest.approx(1.0) and factors["debate"].auc_diff.value == 0
+    # an arm that did not run leaves its factors out
+    assert [f.factor for f in factor_rows([r for r in results if r.arm != "aggregate"], 0.6, 600.0)] == ["library"]
+
+
 def test_a_missing_val_score_never_falls_back_to_the_train_score() -> None:
     """A validation cut by the budget leaves the point without a val score: the arm has not reached serial's
     val accuracy there, whatever its train score."""
@@ -301,7 +320,7 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2
     # where the time went, mean over the seeds: the seed evaluation (step 0) apart from the other episodes
     assert saved["rows"][0]["time_parts"] == {"seed evaluation": 100.0, "candidate episodes": 110.0, "serial": 90.0}
-    assert "Where the charged time went" in out.output
+    assert "Where the charged time went" in out.output and "Per factor" not in out.output  # serial alone
     assert re.search(r"serial\s+│\s+100\s+│\s+110\s+│\s+90\s+│\s+300", out.output), out.output
 
 

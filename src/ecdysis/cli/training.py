@@ -153,8 +153,9 @@ def compare_summary(
     report = factorial_report(pooled, plan) if plan is not None else None
     if report is not None:
         console.print(report.table())
-        if (where := report.time_table()) is not None:
-            console.print(where)
+        for extra in (report.factor_table(), report.time_table()):
+            if extra is not None:
+                console.print(extra)
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:

@@ -26,6 +26,21 @@ from .compare_stats import (
 )
 
 REFERENCES = ("serial", "serial+library")  # the per-failure arms the claim is measured against
+# one factor at a time: (factor, arm with it, arm without it; the two differ in that factor alone)
+FACTORS = (("library", "serial+library", "serial"), ("aggregation", "aggregate", "serial+library"),
+           ("debate", "ecdysis", "aggregate"))
+
+
+@dataclass
+class FactorRow:
+    """One factor's effect: the arm with it against the arm without it, paired over the seeds both ran."""
+
+    factor: str
+    arm: str
+    without: str
+    speedup: Estimate | None  # RMST(without) / RMST(arm): > 1, the factor reaches the target sooner
+    auc_diff: Estimate | None  # AUC(arm) - AUC(without), per seed
+    test_diff: Estimate | None  # paired per-task test difference arm - without
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,28 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
     return rows, tau, source
 
 
+def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int = 2000,
+                seed: int = 0) -> list[FactorRow]:
+    """The library, aggregation and debate contrasts (`FACTORS`) between the arms that ran, paired by seed."""
+    by_arm: dict[str, dict[int, ArmResult]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, {})[r.seed] = r
+    rows = []
+    for factor, arm, without in FACTORS:
+        if arm not in by_arm or without not in by_arm:
+            continue
+        a, b = by_arm[arm], by_arm[without]
+        obs = {name: {s: time_to_target(points(r), target, tau) for s, r in runs.items() if r.curve}
+               for name, runs in ((arm, a), (without, b))}
+        both = sorted(set(a) & set(b))
+        aucs = [x - y for s in both if (x := auc(points(a[s]), tau)) is not None
+                and (y := auc(points(b[s]), tau)) is not None]
+        tests = [{s: r.test_per_task for s, r in runs.items() if r.test_per_task} for runs in (a, b)]
+        rows.append(FactorRow(factor, arm, without, speedup_estimate(obs[without], obs[arm], tau, reps, seed),
+                              mean_estimate(aucs, reps, seed), paired_estimate(tests[0], tests[1], reps, seed)))
+    return rows
+
+
 @dataclass
 class FactorialReport:
     """The factorial rows of a result set under a registration, and the censoring time they used."""
@@ -151,6 +188,7 @@ class FactorialReport:
     rows: list[FactorialRow]
     tau: float
     source: str
+    factors: list[FactorRow]
 
     def table(self) -> Table:
         return factorial_table(self.rows, self.registration.target, self.tau, self.source)
@@ -158,15 +196,18 @@ class FactorialReport:
     def time_table(self) -> Table | None:
         return time_parts_table(self.rows)
 
+    def factor_table(self) -> Table | None:
+        return factor_table(self.factors) if self.factors else None
+
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
-                                    "budget_source": self.source, "rows": [r.to_dict() for r in self.rows]},
-                                   indent=1))
+                                    "budget_source": self.source, "rows": [r.to_dict() for r in self.rows],
+                                    "factors": [asdict(f) for f in self.factors]}, indent=1))
 
 
 def factorial_report(results: list[ArmResult], registration: Registration) -> FactorialReport:
     rows, tau, source = factorial(results, registration.target, registration.budget_s)
-    return FactorialReport(registration, rows, tau, source)
+    return FactorialReport(registration, rows, tau, source, factor_rows(results, registration.target, tau))
 
 
 def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
@@ -206,4 +247,16 @@ def time_parts_table(rows: list[FactorialRow]) -> Table | None:
     for r in shown:
         parts = r.time_parts or {}
         table.add_row(r.arm, *(f"{parts[n]:.0f}" if n in parts else "–" for n in names), f"{sum(parts.values()):.0f}")
+    return table
+
+
+def factor_table(factors: list[FactorRow]) -> Table:
+    """One row per factor: what adding it changes, paired over seeds (speed-up > 1: the target sooner)."""
+    table = Table(title="Per factor: the arm with it against the arm without it, paired over seeds; "
+                        "mean [95% bootstrap interval]")
+    for name in ("factor", "arm vs without", "speed-up to target", "AUC difference", "test difference (paired)"):
+        table.add_column(name, justify="left" if name in ("factor", "arm vs without") else "right")
+    for f in factors:
+        table.add_row(f.factor, f"{f.arm} vs {f.without}", _cell(f.speedup, 2), _cell(f.auc_diff, signed=True),
+                      _cell(f.test_diff, signed=True))
     return table
