@@ -10,9 +10,10 @@ Model: every (prompt tokens, generated tokens) pair is sent `repeats` times thro
 as a run sends it (`LlamaCppModel.chat`: chat template, one call at a time); each prompt starts with a fresh
 random word so the context's prefix cache cannot serve it (what it still serves is taken off, as the charge
 does). The fit is least squares of latency on the terms of `Rate.seconds` (src/ecdysis/models/charge.py: a cost
-per call, per fresh prompt token, per generated token, and per token x context pair for each), coefficients
-kept >= 0. Validate: the table's charge for every fresh call a run recorded with the model (a run made on an
-idle machine) against its measured latency, by role. Sandbox: an evaluation of `--episodes` one-line tasks
+per call, per fresh prompt token, per generated token, per token x context pair for each, per token generated
+under a JSON grammar: every size is sent free and with a schema), coefficients kept >= 0. Validate: the
+table's charge for every fresh call a run recorded with the model (a run made on an idle machine) against its
+measured latency, by role. Sandbox: an evaluation of `--episodes` one-line tasks
 whose model replies at once (scripted), at the runs' concurrency: wall time per episode. Check: a cold
 evaluation (a fresh response cache) of `--tasks` tasks of a suite with the real model, its real wall time
 beside its charged time (calls + episodes).
@@ -45,7 +46,6 @@ def filler(n_words: int, rng: random.Random) -> str:
 
 
 async def measure_model(name: str, prompts: list[int], gens: list[int], repeats: int) -> dict[str, object]:
-
     from ecdysis.models import ChatRequest, GenerationParams, Message
     from ecdysis.models.llama_local import LlamaCppModel
 

@@ -224,9 +224,9 @@ class LlamaCppModel:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
+        constrained = forced is not None or request.params.json_schema is not None  # a grammar, as _generate sets
         try:
             out, seconds, reused = await asyncio.to_thread(self._generate, request, forced)
-            constrained = forced is not None or request.params.json_schema is not None  # as _generate decides
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]

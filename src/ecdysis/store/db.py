@@ -272,13 +272,9 @@ class RunStore:
         of `eval_ids`, each distinct request paid once (a repeat is what a cold run serves from its cache)."""
         return sum(s for s, _ in self.paid_calls_by_role(run_id, eval_ids).values())
 
-    def charged_calls_by_role(self, run_id: str, eval_ids: list[str]) -> dict[str, float]:
-        """`charged_calls` by the calls' role (agent, user, analyst, ...): where a run's charged time went."""
-        return {role: s for role, (s, _) in self.paid_calls_by_role(run_id, eval_ids).items()}
-
     def paid_calls_by_role(self, run_id: str, eval_ids: list[str]) -> dict[str, tuple[float, int]]:
-        """Per role, the charged seconds and the tokens (prompt + completion) of the calls `charged_calls` pays:
-        what a cold run of this run alone would spend, whatever its cache served."""
+        """Per role (agent, user, analyst, ...), the charged seconds and the tokens (prompt + completion) of the
+        calls `charged_calls` pays: what a cold run of this run alone would spend, whatever its cache served."""
         marks = ",".join("?" * len(eval_ids))
         where = f"((run_id=? AND eval_id IS NULL){f' OR eval_id IN ({marks})' if eval_ids else ''})"
         rows = self._rows(

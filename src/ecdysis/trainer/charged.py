@@ -29,10 +29,12 @@ def run_charged_seconds(store: RunStore, run_id: str) -> float:
     return charged_seconds(store, run_id, ids, store.episode_count(ids), stored_replays(store, run_id))
 
 
-def charged_parts(store: RunStore, run_id: str, eval_ids: list[str]) -> dict[str, float]:
-    """Where a run's charged seconds went: its model calls by role (`agent` for the training evaluations'
-    episodes, a shared seed evaluation included; each optimizer role) and `sandbox` (episodes and replays)."""
-    parts = store.charged_calls_by_role(run_id, eval_ids)
+def charged_parts(store: RunStore, run_id: str, eval_ids: list[str],
+                  paid: dict[str, tuple[float, int]]) -> dict[str, float]:
+    """Where a run's charged seconds went: its paid model calls by role (`paid`: `store.paid_calls_by_role` of
+    these `eval_ids`; `agent` for the training evaluations' episodes, a shared seed evaluation included; each
+    optimizer role) and `sandbox` (episodes and replays)."""
+    parts = {role: s for role, (s, _) in paid.items()}
     parts["sandbox"] = (store.episode_count(eval_ids) + stored_replays(store, run_id)) * rates().episode_s
     return {role: round(s, 3) for role, s in parts.items()}
 

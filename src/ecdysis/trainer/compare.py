@@ -254,8 +254,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
-                # its training spend in tokens, as a cold run spends them (a shared cache serves some of them)
-                ctx.spend[arm.name] = result.cold_tokens or result.agent_tokens + result.optimizer_tokens
+                ctx.spend[arm.name] = result.training_tokens()  # as a cold run spends them, whatever was cached
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)
                 seed_results.append(result)

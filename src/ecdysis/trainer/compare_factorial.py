@@ -82,7 +82,7 @@ class FactorialRow:
     test_acc: Estimate | None = None
     test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
     speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
-    tokens: Estimate | None = None  # training tokens a cold run spends (`tokens`; best-of-k: its samples)
+    tokens: Estimate | None = None  # training tokens a cold run spends (best-of-k: its samples)
     time_parts: dict[str, float] | None = None  # where the charged seconds went: mean over seeds (`time_parts`)
 
     def to_dict(self) -> dict[str, object]:
@@ -94,10 +94,12 @@ def points(result: ArmResult) -> list[tuple[float, float | None]]:
     return [(time_of(p), score(p, split)) for p in result.curve]
 
 
-def tokens(result: ArmResult) -> int:
-    """Training tokens as a cold run spends them (each paid request once, cache or not); results recorded
-    before that was kept: the fresh agent + optimizer tokens."""
-    return result.cold_tokens if result.cold_tokens else result.agent_tokens + result.optimizer_tokens
+def by_arm_and_seed(results: list[ArmResult]) -> dict[str, dict[int, ArmResult]]:
+    """arm -> seed -> its result, arms in run order."""
+    by_arm: dict[str, dict[int, ArmResult]] = {}
+    for r in results:
+        by_arm.setdefault(r.arm, {})[r.seed] = r
+    return by_arm
 
 
 def time_parts(result: ArmResult) -> dict[str, float] | None:
@@ -133,9 +135,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
               seed: int = 0) -> tuple[list[FactorialRow], float, str]:
     """One row per arm (in run order), the censoring time τ used and where it came from."""
     tau, source = budget_of(results, budget_s)
-    by_arm: dict[str, dict[int, ArmResult]] = {}
-    for r in results:
-        by_arm.setdefault(r.arm, {})[r.seed] = r
+    by_arm = by_arm_and_seed(results)
     obs = {arm: {s: time_to_target(points(r), target, tau) for s, r in runs.items() if r.curve}
            for arm, runs in by_arm.items() if arm in TRAINED or any(r.curve for r in runs.values())}
     tests = {arm: {s: r.test_per_task for s, r in runs.items() if r.test_per_task} for arm, runs in by_arm.items()}
@@ -144,7 +144,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
     for arm, runs in by_arm.items():
         row = FactorialRow(arm, len(runs))
         row.test_acc = mean_estimate([r.test_acc for r in runs.values()], reps, seed)
-        row.tokens = mean_estimate([float(tokens(r)) for r in runs.values()], reps, seed)
+        row.tokens = mean_estimate([float(r.training_tokens()) for r in runs.values()], reps, seed)
         if arm_obs := obs.get(arm):
             row.reached = sum(o.reached for o in arm_obs.values())
             row.time_to_target = rmst_estimate(list(arm_obs.values()), tau, reps, seed)
@@ -161,9 +161,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
 def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int = 2000,
                 seed: int = 0) -> list[FactorRow]:
     """The library, aggregation and debate contrasts (`FACTORS`) between the arms that ran, paired by seed."""
-    by_arm: dict[str, dict[int, ArmResult]] = {}
-    for r in results:
-        by_arm.setdefault(r.arm, {})[r.seed] = r
+    by_arm = by_arm_and_seed(results)
     rows = []
     for factor, arm, without in FACTORS:
         if arm not in by_arm or without not in by_arm:

@@ -73,6 +73,11 @@ class ArmResult:
     cold_tokens: int | None = None  # training tokens (agent + roles) a cold run would spend, whatever was cached
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
+    def training_tokens(self) -> int:
+        """Training tokens as a cold run spends them (each paid request once, cached or not); results recorded
+        before `cold_tokens` was kept: the fresh agent + optimizer tokens."""
+        return self.cold_tokens or self.agent_tokens + self.optimizer_tokens
+
     def row(self) -> dict[str, object]:
         """The row written to compare.json (the curve goes to curves.csv; compare.csv leaves per-task scores out)."""
         return {k: v for k, v in asdict(self).items() if k != "curve"}

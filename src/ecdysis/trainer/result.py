@@ -86,12 +86,12 @@ class RunCosts:
         agent, optimizer = calls.get("agent", {}), optimizer_spend(store, run_id)
         registered = [key for key, _ in store.records(run_id, "spend")] or None
         training = registered or training_evaluations(store, run_id)
+        paid = store.paid_calls_by_role(run_id, training)
         return cls(optimizer.calls, optimizer.tokens,
                    (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
                    training_spend(store, run_id, registered).tokens, dict(store.records(run_id, "timing")),
                    {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
-                   charged_parts(store, run_id, training),
-                   sum(t for _, t in store.paid_calls_by_role(run_id, training).values()))
+                   charged_parts(store, run_id, training, paid), sum(t for _, t in paid.values()))
 
     def as_kwargs(self) -> dict[str, Any]:
         """As `TrainResult` keyword arguments."""
