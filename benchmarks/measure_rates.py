@@ -117,20 +117,20 @@ def validate(store_dir: str, name: str) -> dict[str, object]:
 
     rate = rates().models[name]
     store = RunStore(Path(store_dir))
-    rows = store._rows("SELECT role, prompt_tokens, cached_tokens, completion_tokens, latency_s FROM model_calls "
-                       "WHERE cache_hit = 0 AND latency_s > 0")  # the store keeps no grammar flag: the optimizer
-    # roles' calls are taken as constrained (their JSON schemas), the agent's as free (no forced tool calls)
+    calls = store.fresh_calls()
     store.close()
     by_role: dict[str, list[float]] = {}
     worst = 0.0
-    for r in rows:
-        constrained = 0 if r["role"] in ("agent", "user") else r["completion_tokens"]
-        charged = rate.seconds(r["prompt_tokens"], r["cached_tokens"], r["completion_tokens"], constrained)
-        totals = by_role.setdefault(r["role"], [0, 0.0, 0.0])
+    for c in calls:
+        constrained = c.constrained_tokens
+        if constrained is None:  # a store from before the grammar flag: the optimizer roles reply in JSON under a
+            constrained = 0 if c.role in ("agent", "user") else c.completion_tokens  # schema, the agent in free text
+        charged = rate.seconds(c.prompt_tokens, c.cached_tokens, c.completion_tokens, constrained)
+        totals = by_role.setdefault(c.role, [0, 0.0, 0.0])
         totals[0] += 1
         totals[1] += charged
-        totals[2] += r["latency_s"]
-        worst = max(worst, abs(charged - r["latency_s"]) / r["latency_s"])
+        totals[2] += c.latency_s
+        worst = max(worst, abs(charged - c.latency_s) / c.latency_s)
     roles = {role: {"calls": n, "charged_s": round(c, 1), "latency_s": round(w, 1), "ratio": round(c / w, 3)}
              for role, (n, c, w) in by_role.items()}
     return {"table": rates().version, "roles": roles, "max_relative_error": round(worst, 3)}

@@ -121,6 +121,11 @@ async def test_charged_time_is_the_same_when_a_compare_is_rerun_from_its_cache(t
     served = store._rows("SELECT COUNT(*) AS n, SUM(cache_hit) AS h FROM model_calls WHERE eval_id IS NULL "
                          "OR eval_id IN (SELECT id FROM evaluations WHERE split != 'test')")[0]
     assert served["n"] > 0 and served["h"] == served["n"]  # every training call of the rerun was a cache hit
+    # the cold run recorded which replies were generated under a grammar: the roles' JSON, not the agent's text
+    fresh = RunStore(tmp_path / "cold").fresh_calls()
+    roles = [c for c in fresh if c.role != "agent"]
+    assert roles and all(c.constrained_tokens == c.completion_tokens > 0 for c in roles)
+    assert all(c.constrained_tokens == 0 for c in fresh if c.role == "agent")
 
 
 async def test_the_time_budget_stops_an_evaluation_between_episodes(tmp_path: Path, rate_file: Path) -> None:

@@ -217,6 +217,8 @@ def test_store_written_before_prompt_cache_accounting_still_opens(tmp_path: Path
     old.commit()
     old.close()
     store = RunStore(tmp_path)
-    store.record_call("r", None, "agent", "m", 100, 5, 0.1, 0.0, False, cached_tokens=90)
+    store.record_call("r", None, "agent", "m", 100, 5, 0.1, 0.0, False, cached_tokens=90, constrained_tokens=5)
     (totals,) = store.call_totals("r")
     assert totals["prompt_tokens"] == 200 and totals["cached_tokens"] == 90
+    old_call, new_call = store.fresh_calls()  # the grammar flag of a call recorded before it existed is unknown
+    assert old_call.constrained_tokens is None and new_call.constrained_tokens == 5

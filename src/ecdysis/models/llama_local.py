@@ -26,7 +26,7 @@ from typing import Any
 
 from .base import ChatRequest, ChatResponse, ModelConfigError, ModelError, Usage
 from .local_models import CATALOG, resolve_verified, sha256_file
-from .toolcalls import for_template, forced_call_schema, parse_reply_calls, tool_names_of
+from .toolcalls import for_template, forced_call_schema, parse_reply_calls, tool_names_of, under_grammar
 
 
 @dataclass
@@ -224,7 +224,7 @@ class LlamaCppModel:
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
-        constrained = forced is not None or request.params.json_schema is not None  # a grammar, as _generate sets
+        constrained = under_grammar(request.params)  # a grammar, as _generate sets
         try:
             out, seconds, reused = await asyncio.to_thread(self._generate, request, forced)
         except ValueError as exc:  # e.g. prompt longer than the context window

@@ -24,7 +24,7 @@ from tenacity import (
 
 from .base import ChatRequest, ChatResponse, ModelError, ModelToolCall, Usage
 from .pricing import cost_usd
-from .toolcalls import call_id, split_tool_calls, tool_names_of
+from .toolcalls import call_id, split_tool_calls, tool_names_of, under_grammar
 
 _SEMAPHORES: dict[tuple[str, int], asyncio.Semaphore] = {}
 
@@ -173,6 +173,8 @@ class OpenAICompatModel:
             completion_tokens=(u.completion_tokens if u else 0) or 0,
             cached_tokens=cached,
         )
+        if under_grammar(request.params):  # the server decodes a schema under a grammar, as the embedded backend
+            usage.constrained_tokens = usage.completion_tokens
         text, calls = choice.message.content or "", []
         for index, c in enumerate(choice.message.tool_calls or []):
             fn = c.function

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import ChatRequest, ChatResponse, Message, ModelConfigError, ModelToolCall, Usage
-from .toolcalls import call_id, split_tool_calls, tool_names_of
+from .toolcalls import call_id, split_tool_calls, tool_names_of, under_grammar
 
 Responder = Callable[[list[Message]], str | dict[str, Any]]
 
@@ -97,7 +97,8 @@ class ScriptedModel:
             text=text,
             tool_calls=calls,
             finish_reason="stop",
-            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(text.split())),
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(text.split()),  # a grammar as a backend
+                        constrained_tokens=len(text.split()) if under_grammar(request.params) else 0),
             latency_s=time.perf_counter() - start,
             model_id=self.identity,
         )

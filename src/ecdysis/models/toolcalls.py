@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from .base import Message, ModelToolCall
+from .base import GenerationParams, Message, ModelToolCall
 
 _TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -99,6 +99,12 @@ def forced_call_schema(tools: list[dict[str, Any]] | None, tool_choice: str | di
         "arguments": t["function"].get("parameters") or {"type": "object"}},
         "required": ["name", "arguments"]} for t in wanted]
     return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def under_grammar(params: GenerationParams) -> bool:
+    """Whether a reply to `params` is generated under a grammar (a JSON schema, or a required call's schema):
+    the backends report its tokens as `Usage.constrained_tokens` (they cost more per token, models/charge.py)."""
+    return params.json_schema is not None or forced_call_schema(params.tools, params.tool_choice) is not None
 
 
 def tool_names_of(tools: list[dict[str, Any]] | None) -> set[str]:

@@ -181,7 +181,8 @@ class Runner:
         self.store.record_call(self.run_id, eval_id, self.model.role, self.model.identity,
                                response.usage.prompt_tokens, response.usage.completion_tokens,
                                response.latency_s, response.cost_usd, response.cache_hit,
-                               response.usage.cached_tokens, response.charged_s, response.request_key)
+                               response.usage.cached_tokens, response.charged_s, response.request_key,
+                               response.usage.constrained_tokens)
         if not response.cache_hit:
             self.tokens_spent += response.usage.total_tokens
         return {"text": response.text, "tool_calls": [c.model_dump() for c in response.tool_calls],
@@ -203,7 +204,7 @@ class Runner:
                 self.store.record_call(self.run_id, eval_id, "user", model.identity, u["prompt_tokens"],
                                        u["completion_tokens"], out["latency_s"], 0.0, out["cache_hit"],
                                        u.get("cached_tokens", 0), out.get("charged_s", 0.0),
-                                       out.get("request_key", ""))
+                                       out.get("request_key", ""), u.get("constrained_tokens", 0))
             return out
 
         return handle

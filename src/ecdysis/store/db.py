@@ -14,6 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -40,7 +41,7 @@ CREATE TABLE IF NOT EXISTS model_calls (
   id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT, eval_id TEXT, role TEXT, model TEXT,
   prompt_tokens INTEGER, completion_tokens INTEGER, latency_s REAL, cost_usd REAL,
   cache_hit INTEGER, created REAL NOT NULL, cached_tokens INTEGER DEFAULT 0, charged_s REAL DEFAULT 0,
-  call_key TEXT DEFAULT '');
+  call_key TEXT DEFAULT '', constrained_tokens INTEGER);
 CREATE TABLE IF NOT EXISTS records (
   run_id TEXT NOT NULL, kind TEXT NOT NULL, key TEXT NOT NULL, data TEXT NOT NULL,
   created REAL NOT NULL, PRIMARY KEY (run_id, kind, key));
@@ -49,6 +50,20 @@ CREATE TABLE IF NOT EXISTS records (
 
 LOCK_NAME = ".ecdysis.lock"
 _CLAIMS: dict[str, IO[str]] = {}  # run dirs this process holds (claims are per process, not per store)
+
+
+@dataclass(frozen=True)
+class FreshCall:
+    """One model call served fresh: its tokens and its measured latency. `constrained_tokens` is None in a
+    store written before the grammar flag was recorded."""
+
+    role: str
+    model: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    constrained_tokens: int | None
+    latency_s: float
 
 
 class RunDirBusy(RuntimeError):
@@ -135,6 +150,8 @@ class RunStore:
             if "charged_s" not in columns:  # a store written before charged time
                 self._db.execute("ALTER TABLE model_calls ADD COLUMN charged_s REAL DEFAULT 0")
                 self._db.execute("ALTER TABLE model_calls ADD COLUMN call_key TEXT DEFAULT ''")
+            if "constrained_tokens" not in columns:  # a store written before the grammar flag: NULL, unknown
+                self._db.execute("ALTER TABLE model_calls ADD COLUMN constrained_tokens INTEGER")
             self._db.execute("CREATE INDEX IF NOT EXISTS model_calls_eval ON model_calls (eval_id)")
             self._db.execute("CREATE INDEX IF NOT EXISTS model_calls_run ON model_calls (run_id)")
             self._db.commit()
@@ -258,14 +275,25 @@ class RunStore:
     # model calls
     def record_call(self, run_id: str | None, eval_id: str | None, role: str, model: str,
                     prompt_tokens: int, completion_tokens: int, latency_s: float, cost_usd: float,
-                    cache_hit: bool, cached_tokens: int = 0, charged_s: float = 0.0, call_key: str = "") -> None:
+                    cache_hit: bool, cached_tokens: int = 0, charged_s: float = 0.0, call_key: str = "",
+                    constrained_tokens: int = 0) -> None:
         """One model call. `cached_tokens`: prompt tokens the backend served from its prefix cache; `charged_s`:
-        what the call costs (models/charge.py); `call_key`: the request's scope-free key ("": always paid)."""
+        what the call costs (models/charge.py); `call_key`: the request's scope-free key ("": always paid);
+        `constrained_tokens`: completion tokens generated under a grammar (a JSON schema or a forced call)."""
         self._write("INSERT INTO model_calls (run_id, eval_id, role, model, prompt_tokens, completion_tokens, "
-                    "latency_s, cost_usd, cache_hit, created, cached_tokens, charged_s, call_key) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    "latency_s, cost_usd, cache_hit, created, cached_tokens, charged_s, call_key, "
+                    "constrained_tokens) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                     (run_id, eval_id, role, model, prompt_tokens, completion_tokens, latency_s,
-                     cost_usd, int(cache_hit), time.time(), cached_tokens, charged_s, call_key))
+                     cost_usd, int(cache_hit), time.time(), cached_tokens, charged_s, call_key,
+                     constrained_tokens))
+
+    def fresh_calls(self) -> list[FreshCall]:
+        """The calls a backend served fresh (not from the response cache) with a measured latency, oldest first:
+        what a rate table is checked against."""
+        rows = self._rows("SELECT role, model, prompt_tokens, cached_tokens, completion_tokens, constrained_tokens, "
+                          "latency_s FROM model_calls WHERE cache_hit = 0 AND latency_s > 0 ORDER BY id")
+        return [FreshCall(r["role"], r["model"], r["prompt_tokens"], r["cached_tokens"] or 0, r["completion_tokens"],
+                          r["constrained_tokens"], r["latency_s"]) for r in rows]
 
     def charged_calls(self, run_id: str, eval_ids: list[str]) -> float:
         """Charged seconds of a run's model calls: its calls outside evaluations (optimizer roles) and the calls

@@ -46,7 +46,7 @@ def metered_role(ws: Workspace, config: Config, run_id: str, role: str, model_of
         ws.store.record_call(run_id, None, role_name, response.model_id, response.usage.prompt_tokens,
                              response.usage.completion_tokens, response.latency_s, response.cost_usd,
                              response.cache_hit, response.usage.cached_tokens, response.charged_s,
-                             response.request_key)
+                             response.request_key, response.usage.constrained_tokens)
 
     return MeteredModel(shared.model, cache=shared.cache, role=role, scope=shared.scope,
                         listeners=[*shared.listeners, record])
