@@ -51,9 +51,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
     args = parser.parse_args()
-    from ecdysis.models.llama_local import OMP_WAIT_POLICY
+    from ecdysis.models.llama_local import openmp_defaults
 
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # as the embedded backend runs it (override: env)
+    openmp_defaults()  # as the embedded backend runs it (override: OMP_WAIT_POLICY / GOMP_SPINCOUNT)
     import llama_cpp
 
     from ecdysis.doctor.llama import installed_wheel
@@ -71,6 +71,7 @@ def main() -> int:
     result = {"llama_cpp_python": llama_cpp.__version__, "wheel": str(installed_wheel() or "not a cached wheel"),
               "system_info": info.strip(), "model": path.name, "threads": args.threads,
               "omp_wait_policy": os.environ["OMP_WAIT_POLICY"],
+              "gomp_spincount": os.environ.get("GOMP_SPINCOUNT", "libgomp's default"),
               "prompt_tokens": len(tokens), "gen_tokens": args.gen, "runs": runs,
               "pp_tokens_per_s": round(pp, 1), "tg_tokens_per_s": round(tg, 1)}
     if args.json:
@@ -78,7 +79,8 @@ def main() -> int:
         return 0
     print(f"llama-cpp-python {result['llama_cpp_python']} ({result['wheel']})")
     print(f"build: {result['system_info']}")
-    print(f"model {path.name}, {args.threads} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
+    print(f"model {path.name}, {args.threads} threads (OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, "
+          f"GOMP_SPINCOUNT={result['gomp_spincount']}), "
           f"{len(tokens)}-token prompt, {args.gen} generated tokens")
     for i, (p, t) in enumerate(runs, 1):
         print(f"  run {i}: pp {p:.1f} tok/s, tg {t:.1f} tok/s")

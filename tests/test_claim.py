@@ -314,19 +314,24 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     curve = [_point("serial", 0, 100, 0.2), _point("serial", 1, 300, 0.6)]
     parts = [{"agent": 220.0, "sandbox": 10.0, "serial": 70.0}, {"agent": 180.0, "sandbox": 10.0, "serial": 110.0}]
     results = [ArmResult("serial", s, test_acc=0.5, curve=curve, budget_s=600.0, test_per_task={"a": 1.0},
-                         charged_parts=parts[s]) for s in (0, 1)]
+                         charged_parts=parts[s], rates_version="7") for s in (0, 1)]
     write_results(results, tmp_path / "cmp")
     (tmp_path / "reg.toml").write_text("target = 0.6\nbudget_s = 500\n")
     out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
                                    "--out", str(tmp_path / "pooled")], terminal_width=250)
     assert out.exit_code == 0, out.output
-    assert "Factorial table: val target 0.6, budget τ = 500" in out.output
+    assert "Factorial table: val target 0.6, budget τ = 500" in out.output and "rate table 7)" in out.output
     saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
-    assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2
+    assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2 and saved["rates_version"] == "7"
     # where the time went, mean over the seeds: the seed evaluation (step 0) apart from the other episodes
     assert saved["rows"][0]["time_parts"] == {"seed evaluation": 100.0, "candidate episodes": 110.0, "serial": 90.0}
     assert "Where the charged time went" in out.output and "Per factor" not in out.output  # serial alone
     assert re.search(r"serial\s+│\s+100\s+│\s+110\s+│\s+90\s+│\s+300", out.output), out.output
+    # a seed charged under another rate table does not pool with them: its charged seconds are another unit
+    write_results([ArmResult("serial", 2, test_acc=0.5, curve=curve, rates_version="8")], tmp_path / "cmp8")
+    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), str(tmp_path / "cmp8"), "--target", "0.6"],
+                             terminal_width=250)
+    assert out.exit_code != 0 and "different rate tables (versions 7, 8)" in " ".join(out.output.split()), out.output
 
 
 async def test_a_spec_that_rebuilds_a_rejected_harness_is_known_before_any_role_call(tmp_path: Path) -> None:

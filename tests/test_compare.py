@@ -17,6 +17,7 @@ from helpers import ROLES, Roles, add_answer, jsonl_project, make_ws
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.config import load_config
 from ecdysis.models import Message, ScriptedModel
+from ecdysis.models.charge import rates
 from ecdysis.store import RunStore
 from ecdysis.trainer.budget import training_spend
 from ecdysis.trainer.compare import (
@@ -289,6 +290,7 @@ async def test_seeds_give_mean_and_ci_and_compare_writes_curves(tmp_path: Path) 
     assert set(stored) == {(r.arm, r.seed) for r in results}
     for r in results:
         assert stored[(r.arm, r.seed)].test_acc == r.test_acc
+        assert stored[(r.arm, r.seed)].rates_version == rates().version != ""  # the table it was charged under
         assert [p.step for p in stored[(r.arm, r.seed)].curve] == [p.step for p in r.curve]
     assert training_spend  # the same accounting function best-of-k and gepa use
 

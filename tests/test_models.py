@@ -222,3 +222,22 @@ def test_store_written_before_prompt_cache_accounting_still_opens(tmp_path: Path
     assert totals["prompt_tokens"] == 200 and totals["cached_tokens"] == 90
     old_call, new_call = store.fresh_calls()  # the grammar flag of a call recorded before it existed is unknown
     assert old_call.constrained_tokens is None and new_call.constrained_tokens == 5
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}),  # passive after a short spin
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}),  # the user's policy alone
+    ({"GOMP_SPINCOUNT": "0"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}),  # the user's spin count
+])
+def test_openmp_waits_passively_after_a_short_spin_unless_the_user_chose(
+        monkeypatch: pytest.MonkeyPatch, given: dict[str, str], expected: dict[str, str | None]) -> None:
+    import os
+
+    from ecdysis.models.llama_local import openmp_defaults
+
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    openmp_defaults()
+    assert {name: os.environ.get(name) for name in expected} == expected

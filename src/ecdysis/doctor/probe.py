@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 
@@ -45,9 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="catalog name or path to a .gguf")
     parser.add_argument("--tokens", type=int, default=MIN_TOKENS + 8, help="minimum prompt tokens")
     args = parser.parse_args(argv)
-    from ..models.llama_local import OMP_WAIT_POLICY
+    from ..models.llama_local import openmp_defaults
 
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # as the embedded backend runs it
+    openmp_defaults()  # as the embedded backend runs it
     try:
         import llama_cpp
     except ImportError as exc:

@@ -43,15 +43,26 @@ _LOADED: dict[tuple[str, int, str], Loaded] = {}
 _LOAD_LOCK = threading.Lock()
 
 
-# llama.cpp's OpenMP worker threads spin while they wait for the next graph by default; on a machine whose
-# cores are shared (other processes, our own sandbox workers) a spinning thread holds the core the others
-# need: generation with 2 threads on 2 busy cores measured 1-2 tok/s spinning vs 12-16 tok/s passive
-# (SmolLM2-135M, benchmarks/llama_build_speed.py). Read by libgomp when llama_cpp loads; a user's value wins.
+# llama.cpp's OpenMP threads meet at a barrier after every operation of every token. Spinning there without
+# end (libgomp's default and ACTIVE) collapses on a shared machine: a spinning thread holds the core its
+# partner needs (2 threads, 2 cores, one busy process beside: 1.1 tok/s vs 8.8 passive). Sleeping at once
+# (PASSIVE) costs an idle machine 1.35x per generated token. So: passive, but spin 3000 rounds first (libgomp's
+# GOMP_SPINCOUNT wins over the policy): AVX-512 build, idle 15.9 tok/s, one busy process 7.2 (passive 8.8);
+# fewer spins fell into passive's speed on some calls (Qwen2.5-Coder-1.5B, docs/setup.md). Read by the OpenMP
+# runtime when llama_cpp loads. A user who sets OMP_WAIT_POLICY or GOMP_SPINCOUNT gets exactly that.
 OMP_WAIT_POLICY = "PASSIVE"
+GOMP_SPINCOUNT = "3000"
+
+
+def openmp_defaults() -> None:
+    """Set the OpenMP wait defaults above in this process's environment; call before importing llama_cpp."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
 
 
 def _import_llama() -> Any:
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)
+    openmp_defaults()
     try:
         import llama_cpp
     except ImportError as exc:

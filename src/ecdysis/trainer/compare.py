@@ -25,6 +25,7 @@ from typing import Any
 from ..agent.trajectory import INFRA_ERROR, Trajectory
 from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
+from ..models.charge import rates
 from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .api import config_key, train_async
@@ -254,6 +255,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
         try:
             for arm in build_arms(cfg, arms):
                 result, version = await arm.run(ctx)
+                result.rates_version = rates().version  # charged seconds compare only under one table
                 ctx.spend[arm.name] = result.training_tokens()  # as a cold run spends them, whatever was cached
                 if transfer_model:
                     result.transfer_acc = await _transfer(ws, arm, version, transfer_model)

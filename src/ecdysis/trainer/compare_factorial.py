@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .compare_results import TRAINED, ArmResult, curve_split, score, time_of
+from .compare_results import TRAINED, ArmResult, curve_split, rate_tables, score, time_of
 from .compare_stats import (
     Estimate,
     auc,
@@ -187,9 +187,10 @@ class FactorialReport:
     tau: float
     source: str
     factors: list[FactorRow]
+    rates: str = "not recorded"  # the rate table(s) the charged seconds come from
 
     def table(self) -> Table:
-        return factorial_table(self.rows, self.registration.target, self.tau, self.source)
+        return factorial_table(self.rows, self.registration.target, self.tau, self.source, self.rates)
 
     def time_table(self) -> Table | None:
         return time_parts_table(self.rows)
@@ -199,24 +200,27 @@ class FactorialReport:
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
-                                    "budget_source": self.source, "rows": [r.to_dict() for r in self.rows],
+                                    "budget_source": self.source, "rates_version": self.rates,
+                                    "rows": [r.to_dict() for r in self.rows],
                                     "factors": [asdict(f) for f in self.factors]}, indent=1))
 
 
 def factorial_report(results: list[ArmResult], registration: Registration) -> FactorialReport:
     rows, tau, source = factorial(results, registration.target, registration.budget_s)
-    return FactorialReport(registration, rows, tau, source, factor_rows(results, registration.target, tau))
+    return FactorialReport(registration, rows, tau, source, factor_rows(results, registration.target, tau),
+                           ", ".join(rate_tables(results)) or "not recorded")
 
 
 def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
     return "–" if e is None else e.text(digits, signed)
 
 
-def factorial_table(rows: list[FactorialRow], target: float, tau: float, source: str) -> Table:
+def factorial_table(rows: list[FactorialRow], target: float, tau: float, source: str,
+                    rates: str = "not recorded") -> Table:
     refs = sorted({ref for r in rows for ref in {**(r.test_vs or {}), **(r.speedup_vs or {})}},
                   key=lambda a: REFERENCES.index(a) if a in REFERENCES else 99)
-    table = Table(title=f"Factorial table: val target {target:g}, budget τ = {tau:.0f} charged s ({source}); "
-                        "mean [95% bootstrap interval] over seeds")
+    table = Table(title=f"Factorial table: val target {target:g}, budget τ = {tau:.0f} charged s ({source}; rate "
+                        f"table {rates}); mean [95% bootstrap interval] over seeds")
     for name in ("arm", "seeds", "reached", "charged s to target (censored, RMST)", "AUC val/τ", "test acc"):
         table.add_column(name, justify="left" if name == "arm" else "right")
     for ref in refs:

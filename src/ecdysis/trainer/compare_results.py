@@ -71,6 +71,7 @@ class ArmResult:
     test_per_task: dict[str, float] = field(default_factory=dict, repr=False)  # test task -> mean score (paired stats)
     charged_parts: dict[str, float] = field(default_factory=dict, repr=False)  # role / "sandbox" -> charged s
     cold_tokens: int | None = None  # training tokens (agent + roles) a cold run would spend, whatever was cached
+    rates_version: str = ""  # the charged-time rate table it ran under (models/rates.toml `version`); "" unrecorded
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
     def training_tokens(self) -> int:
@@ -363,9 +364,15 @@ def read_results(path: Path) -> list[ArmResult]:
     return results
 
 
+def rate_tables(results: list[ArmResult]) -> list[str]:
+    """The rate-table versions the results were charged under (unrecorded ones left out), sorted."""
+    return sorted({r.rates_version for r in results if r.rates_version})
+
+
 def pool_results(paths: list[Path]) -> list[ArmResult]:
     """The rows of several compares (e.g. one seed per session) as one result set, ratios recomputed per seed;
-    ValueError when two give the same arm and seed (pooling them would count one seed twice)."""
+    ValueError when two give the same arm and seed (pooling them would count one seed twice) or when they were
+    charged under different rate tables (their charged seconds are not the same unit)."""
     pooled: list[ArmResult] = []
     seen: dict[tuple[str, int], Path] = {}
     for path in paths:
@@ -375,6 +382,9 @@ def pool_results(paths: list[Path]) -> list[ArmResult]:
                                  "pool compares of different seeds")
             seen[(r.arm, r.seed)] = path
             pooled.append(r)
+    if len(tables := rate_tables(pooled)) > 1:
+        raise ValueError(f"these compares were charged under different rate tables (versions {', '.join(tables)}); "
+                         "charged seconds compare only under one table (docs/claim.md): pool compares of one table")
     add_ratios(pooled)
     return pooled
 
