@@ -2,8 +2,6 @@
 # Build (once) and install llama-cpp-python with a CPU level that runs on this machine and on any
 # machine of the same level -- never -march=native on x86 (its AMX tile kernels fault where the CPU reports
 # AMX that the OS does not enable, and a native wheel cached by pip crashes on an older CPU).
-#   level x86-64-v4-vnni: x86-64-v3 plus AVX-512 F/BW/CD/DQ/VL, VNNI and VBMI (Ice Lake and later Xeons, AMD Zen 4
-#                    and later); no AMX. Prompt processing 1.59x the v3 build's on a 2-core Xeon (docs/setup.md)
 #   level x86-64-v3: AVX, AVX2, FMA, F16C, BMI2 (every x86-64 CPU since 2013-2015); no AVX-512, no AMX
 #   level x86-64:    SSE only (older CPUs; much slower)
 #   other machines (aarch64, ...): llama.cpp's defaults for that architecture
@@ -18,17 +16,12 @@ PY="$(dirname "$PIP")/python"
 arch="$(uname -m)"
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
 has() { [[ " $flags " == *" $1 "* ]]; }
-common="-DGGML_NATIVE=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
-v3="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
-noavx512="-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
+common="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
 nox86=""
-if [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2 && has avx512f && has avx512bw \
-    && has avx512cd && has avx512dq && has avx512vl && has avx512_vnni && has avx512vbmi; then
-  level=x86-64-v4-vnni; cmake="$common $v3 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON"
-elif [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2; then
-  level=x86-64-v3; cmake="$common $v3 $noavx512"
+if [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2; then
+  level=x86-64-v3; cmake="$common -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 elif [[ "$arch" == x86_64 ]]; then
-  level=x86-64; cmake="$common $noavx512 -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF"
+  level=x86-64; cmake="$common -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF"
 else
   level="$arch-native"; cmake="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"; nox86=1
 fi

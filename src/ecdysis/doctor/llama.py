@@ -57,8 +57,7 @@ def rebuild_fix() -> str:
     target = wheel.parent if wheel is not None and wheel.parent.parent == wheel_cache() else \
         wheel_cache() / "llama-cpp-python-*"
     return (f"rebuild it without -march=native: `rm -rf {target} && pip cache remove llama_cpp_python; "
-            f"{SETUP_FIX}` (scripts/llama_wheel.sh builds at a fixed CPU level: x86-64-v4-vnni, x86-64-v3 or "
-            "x86-64; never AMX)")
+            f"{SETUP_FIX}` (scripts/llama_wheel.sh builds at a fixed CPU level: x86-64-v3, no AVX-512, no AMX)")
 
 
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
