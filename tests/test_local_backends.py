@@ -189,3 +189,30 @@ def test_a_released_episode_drops_its_saved_state(smollm_path: Path) -> None:
     states.release("done")
     states.release("running")
     assert not states.saved and states.current is None
+
+
+def test_every_generation_runs_on_one_thread(smollm_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """libgomp keeps a thread team per calling thread; calls from asyncio's pool (a new thread from call to
+    call) made a team each and throttled them all to passive speed. Concurrent calls and calls from
+    separate event loops all generate on the backend's one thread."""
+    import threading
+
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    threads: list[int] = []
+    generate = LlamaCppModel._generate
+
+    def recorded(self: LlamaCppModel, *args: Any) -> Any:
+        threads.append(threading.get_ident())
+        return generate(self, *args)
+
+    monkeypatch.setattr(LlamaCppModel, "_generate", recorded)
+    model = LlamaCppModel("smollm2-135m", n_ctx=1024, instance="one-thread")
+
+    async def burst(tag: str) -> None:
+        await asyncio.gather(*(model.chat(req(f"{tag} {i}", max_tokens=2)) for i in range(3)))
+
+    asyncio.run(burst("first"))
+    asyncio.run(burst("second"))
+    assert len(threads) == 6
+    assert set(threads) == {threads[0]} and threads[0] != threading.get_ident()

@@ -20,6 +20,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +48,19 @@ _LOAD_LOCK = threading.Lock()
 # end (libgomp's default and ACTIVE) collapses on a shared machine: a spinning thread holds the core its
 # partner needs (2 threads, 2 cores, one busy process beside: 1.1 tok/s vs 8.8 passive). Sleeping at once
 # (PASSIVE) costs an idle machine 1.35x per generated token. So: passive, but spin 3000 rounds first (libgomp's
-# GOMP_SPINCOUNT wins over the policy): AVX-512 build, idle 15.9 tok/s, one busy process 7.2 (passive 8.8);
-# fewer spins fell into passive's speed on some calls (Qwen2.5-Coder-1.5B, docs/setup.md). Read by the OpenMP
-# runtime when llama_cpp loads. A user who sets OMP_WAIT_POLICY or GOMP_SPINCOUNT gets exactly that.
+# GOMP_SPINCOUNT wins over the policy): AVX-512 build, idle 15.9 tok/s, one busy process 7.2 (passive 8.8)
+# (Qwen2.5-Coder-1.5B, docs/setup.md). Read by the OpenMP runtime when llama_cpp loads. A user who sets
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT gets exactly that.
 OMP_WAIT_POLICY = "PASSIVE"
 GOMP_SPINCOUNT = "3000"
+
+
+# libgomp keeps one thread team per calling thread. Generations sent from asyncio's pool of threads (a different
+# one from call to call) each got a team of their own; once a process holds more OpenMP threads than CPUs,
+# libgomp cuts every team's spinning to its short "throttled" count (libgomp env.c), i.e. passive speed: 58 ->
+# 83 ms per generated token from the third call on (Qwen2.5-Coder-1.5B, 2 cores; tests/test_local_backends.py
+# `test_every_generation_runs_on_one_thread`). So every llama.cpp generation runs on this one thread.
+_COMPUTE = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama.cpp")
 
 
 def openmp_defaults() -> None:
@@ -237,7 +246,8 @@ class LlamaCppModel:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         constrained = under_grammar(request.params)  # a grammar, as _generate sets
         try:
-            out, seconds, reused = await asyncio.to_thread(self._generate, request, forced)
+            out, seconds, reused = await asyncio.get_running_loop().run_in_executor(
+                _COMPUTE, self._generate, request, forced)
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
