@@ -379,3 +379,33 @@ async def test_an_h2_spec_whose_replay_changes_nothing_gives_the_round_to_the_li
     first = result.rounds[0]
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r1")
     assert candidate.source == "library: add_examples" and first.accepted
+
+
+async def test_the_debate_makes_no_role_call_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """As an evaluation starts no episode once the budget is spent, the roles start no call: the debate arm
+    overshot its budget by a whole debate (DBBench seed 0: 1353 of 1200 charged s, the others <= 1217)."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    store = RunStore(tmp_path / "run")
+    for calls_allowed, where in ((2, "during the debate"), (3, "before the moderator's spec"),
+                                 (4, "before the moderator's repair")):
+        model = MeteredModel(ScriptedModel(["said"] * 3 + ["{not json", "{still not json"]), role="moderator")
+        writer = SpecWriter(store, "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"), model),
+                            spent=lambda n=calls_allowed, m=model: "budget spent: wall_s 1210/1200"
+                            if len(m.model.calls) >= n else None)
+        outcome = await writer.write(f"k{calls_allowed}", seed_with("gsm8k"), [pattern], passes=1)
+        assert len(model.model.calls) == calls_allowed
+        assert outcome.spec is None and outcome.error == f"no spec: budget spent: wall_s 1210/1200 {where}"
+
+
+async def test_a_training_run_stops_mid_debate_when_its_budget_is_spent(tmp_path: Path) -> None:
+    roles = Roles()
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), DEBATE, "train.budget.optimizer_tokens=1")
+    result = await train_async(ws.config, ws=ws)
+    assert roles.calls == ["ANALYST"]  # the critic, engineer and moderator were never asked
+    first = result.rounds[0]
+    assert not first.accepted and first.reason.startswith("no spec: budget spent: optimizer_tokens")
+    assert result.stop_reason.startswith("budget spent: optimizer_tokens")
+    assert result.final_harness_id == result.seed_harness_id

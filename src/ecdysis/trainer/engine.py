@@ -71,11 +71,12 @@ class Engine(TrainContext):
             raise ValueError(f"{method.name!r} does not run the training loop")
         self.method, self.schedule, self.proposer = method, method.schedule, method.proposer()
         self.history = StepHistory(self.store, run_id)
-        self.proposer_context = ProposerContext(SpecWriter(self.store, run_id, self.roles, self.cfg.roles),
-                                                self.cfg, self.train_tasks, self.history)
         t, e = self.cfg.train, self.cfg.train.engine
-        self.rule = make_rule(t)
         self.budget = Budget(t.budget.agent_executions, t.budget.optimizer_tokens, t.budget.wall_s)
+        writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles,
+                            spent=lambda: self.budget.exhausted(self.spend()))
+        self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history)
+        self.rule = make_rule(t)
         batches = {self.accept_split: e.eval_batch or 4 * self.cfg.run.concurrency} if e.early_stop else {}
         if e.screen_batch:
             batches["train"] = e.screen_batch
@@ -166,6 +167,8 @@ class Engine(TrainContext):
                                      error=proposal.error, source=proposal.source)
             records.put(self.store, self.run_id, key, spec_record)
         spec = HarnessSpec.model_validate(spec_record.spec) if spec_record.spec is not None else None
+        if spec is None and self.budget.exhausted(self.spend()) is not None:  # the roles stopped at the budget
+            return StepOutcome(reason=spec_record.error or "no spec: budget spent", taken=False)
         if spec is not None:
             self.view.spec(spec, spec_record.source)
         candidate, versions = await self.candidates(key, ev, spec, spec_record.source, target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
@@ -170,14 +171,21 @@ class DebateOutcome:
     source: str = "roles"  # "library: ..." when the roles wrote no usable spec and the library wrote this one
 
 
+def _unlimited() -> str | None:
+    return None
+
+
 @dataclass
 class SpecWriter:
-    """Runs the debate (or a single analyst) and the Moderator, checkpointing every turn."""
+    """Runs the debate (or a single analyst) and the Moderator, checkpointing every turn. `spent` is the
+    budget's stop reason (None while money is left): checked before every role call, so an arm makes no new
+    call once its budget is spent (as an evaluation starts no new episode), whatever its number of roles."""
 
     store: RunStore
     run_id: str
     roles: dict[str, MeteredModel]
     settings: RolesSection = field(default_factory=RolesSection)
+    spent: Callable[[], str | None] = _unlimited
 
     async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
                    history: list[Message] | None = None) -> tuple[str, str]:
@@ -204,6 +212,8 @@ class SpecWriter:
         for index, (pass_no, role) in enumerate(turns):
             if index < len(transcript):
                 continue  # done before a restart
+            if (stop := self.spent()) is not None:
+                return DebateOutcome(None, transcript, error=f"no spec: {stop} during the debate")
             said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript) or "(nothing yet)"
             text, _ = await self._say(role, render_role(role, transcript=said, **context))
             transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
@@ -219,6 +229,9 @@ class SpecWriter:
         history: list[Message] = []
         error = ""
         for attempt in range(2):  # the spec, then one repair with the error shown
+            if (stop := self.spent()) is not None:
+                return DebateOutcome(None, transcript, error=f"no spec: {stop} before the {writer}'s "
+                                                             f"{'repair' if attempt else 'spec'}", raw=raw)
             combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
             text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations), history=history)
             raw.append(text)
