@@ -3,28 +3,49 @@
 # machine of the same level -- never -march=native on x86 (its AMX tile kernels fault where the CPU reports
 # AMX that the OS does not enable, and a native wheel cached by pip crashes on an older CPU).
 #   level x86-64-v3: AVX, AVX2, FMA, F16C, BMI2 (every x86-64 CPU since 2013-2015); no AVX-512, no AMX
+#   level x86-64-v4-vnni, only when asked (ECDYSIS_LLAMA_LEVEL=x86-64-v4-vnni) on a CPU that has it: x86-64-v3
+#                    plus AVX-512 F/BW/CD/DQ/VL, VNNI and VBMI (Ice Lake and later Xeons, AMD Zen 4 and later), no
+#                    AMX: prompt processing 1.59x the v3 build's on a 2-core Xeon; its numerics differ a little
+#                    (docs/setup.md). Not the default: the tests and the rate table are run on x86-64-v3.
 #   level x86-64:    SSE only (older CPUs; much slower)
 #   other machines (aarch64, ...): llama.cpp's defaults for that architecture
 # The wheel is kept in a cache folder named by version and level, so a cache shared across machines never
 # hands a wheel to a CPU that cannot run it. Installing is skipped when the installed llama-cpp-python
 # already came from that wheel; any other install of it (e.g. a native build from pip's cache) is replaced.
 #   Usage: scripts/llama_wheel.sh PIP [VERSION]      (ECDYSIS_WHEEL_CACHE overrides the cache folder)
+#          scripts/llama_wheel.sh --level              prints the level it would build here, and builds nothing
 #   Rebuild: rm -rf ~/.cache/ecdysis/wheels/llama-cpp-python-VERSION-LEVEL, then run it again.
 set -euo pipefail
 PIP="$1"; VERSION="${2:-0.3.36}"
-PY="$(dirname "$PIP")/python"
+PY="$(dirname -- "$PIP")/python"
 arch="$(uname -m)"
 flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
 has() { [[ " $flags " == *" $1 "* ]]; }
-common="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+common="-DGGML_NATIVE=OFF -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+v3="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+noavx512="-DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF"
+avx512=(avx512f avx512bw avx512cd avx512dq avx512vl avx512_vnni avx512vbmi)
+asked="${ECDYSIS_LLAMA_LEVEL:-}"
 nox86=""
-if [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2; then
-  level=x86-64-v3; cmake="$common -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+if [[ -n "$asked" && "$asked" != x86-64-v4-vnni && "$asked" != x86-64-v3 ]]; then
+  echo "error: ECDYSIS_LLAMA_LEVEL=$asked is not a level this script builds: unset it, or x86-64-v4-vnni (AVX-512) or x86-64-v3" >&2
+  exit 2
+fi
+if [[ "$asked" == x86-64-v4-vnni ]]; then
+  missing=""; for f in avx2 fma f16c bmi2 "${avx512[@]}"; do has "$f" || missing="$missing $f"; done
+  if [[ "$arch" != x86_64 || -n "$missing" ]]; then
+    echo "error: ECDYSIS_LLAMA_LEVEL=x86-64-v4-vnni needs an x86-64 CPU with AVX-512; this one lacks:${missing:- x86-64} (unset ECDYSIS_LLAMA_LEVEL for the portable x86-64-v3 build)" >&2
+    exit 2
+  fi
+  level=x86-64-v4-vnni; cmake="$common $v3 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON"
+elif [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2; then
+  level=x86-64-v3; cmake="$common $v3 $noavx512"
 elif [[ "$arch" == x86_64 ]]; then
-  level=x86-64; cmake="$common -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF"
+  level=x86-64; cmake="$common $noavx512 -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF"
 else
   level="$arch-native"; cmake="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"; nox86=1
 fi
+if [[ "$PIP" == --level ]]; then echo "$level"; exit 0; fi
 dir="${ECDYSIS_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ecdysis/wheels}/llama-cpp-python-$VERSION-$level"
 mkdir -p "$(dirname "$dir")"
 exec 9>"$dir.lock"  # two setups at once: the second waits for the first one's wheel

@@ -128,8 +128,34 @@ def test_the_real_probe_runs_a_long_prompt_through_the_embedded_backend(smollm_p
     imported = result.record("import")
     assert imported is not None
     features = llama.feature_check(imported["system_info"], llama.cpu_flags(), None)
-    assert features.status == "ok", features  # the portable build: nothing this CPU lacks, no AMX
-    assert not {f for f in llama.build_features(imported["system_info"]) if f.startswith(("AMX", "AVX512"))}
+    assert features.status == "ok", features  # nothing this CPU lacks, no AMX
+    built = llama.build_features(imported["system_info"])
+    assert not {f for f in built if f.startswith("AMX")}  # never AMX; AVX-512 only when asked (below), on a CPU
+    assert not {f for f in built if f.startswith("AVX512")} or "avx512f" in llama.cpu_flags()  # that has it
+
+
+def test_the_wheel_script_builds_avx512_only_when_asked_on_a_cpu_that_has_it() -> None:
+    script = Path(__file__).resolve().parents[1] / "scripts" / "llama_wheel.sh"
+
+    def level(asked: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "ECDYSIS_LLAMA_LEVEL"}
+        return subprocess.run([str(script), "--level"], capture_output=True, text=True, timeout=60,
+                              env=env | ({"ECDYSIS_LLAMA_LEVEL": asked} if asked else {}))
+
+    flags = llama.cpu_flags()
+    machine = os.uname().machine
+    portable = f"{machine}-native" if machine != "x86_64" else \
+        "x86-64-v3" if {"avx2", "fma", "f16c", "bmi2"} <= flags else "x86-64"
+    assert level(None).stdout.strip() == portable  # the default never builds AVX-512, whatever the CPU has
+    asked = level("x86-64-v4-vnni")
+    needed = {"avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+              "avx512_vnni", "avx512vbmi"}
+    if machine == "x86_64" and needed <= flags:
+        assert asked.returncode == 0 and asked.stdout.strip() == "x86-64-v4-vnni"
+    else:
+        assert asked.returncode == 2 and "lacks" in asked.stderr and asked.stdout == ""
+    unknown = level("x86-64-v9")
+    assert unknown.returncode == 2 and "not a level this script builds" in unknown.stderr
 
 
 AMX_SOURCE = """
