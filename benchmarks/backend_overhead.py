@@ -16,7 +16,7 @@ import statistics
 import time
 
 from ecdysis.models import ChatRequest, GenerationParams, Message
-from ecdysis.models.llama_local import LlamaCppModel, load_llama
+from ecdysis.models.llama_local import _COMPUTE, LlamaCppModel, load_llama
 
 PROMPTS = [
     "Explain what a hash table is.", "Write a haiku about rivers.", "What is 17 times 23?",
@@ -36,14 +36,18 @@ async def main() -> None:
     backend = LlamaCppModel(args.model)
     llm, _lock = load_llama(backend.path, backend.n_ctx, backend.n_threads)
     prompts = (PROMPTS * 4)[: args.prompts]
-    llm.create_chat_completion(messages=[{"role": "user", "content": "warm up"}], max_tokens=8, temperature=0.0)
+    # the direct calls run on the backend's llama.cpp thread too: one OpenMP team for both (a second calling
+    # thread would get a team of its own and slow both to passive-wait speed: docs/setup.md)
+    _COMPUTE.submit(llm.create_chat_completion, messages=[{"role": "user", "content": "warm up"}], max_tokens=8,
+                    temperature=0.0).result()
     direct_s: list[float] = []
     backend_s: list[float] = []
     direct_tokens = backend_tokens = same = 0
     for prompt in prompts:
         messages = [{"role": "user", "content": prompt}]
         start = time.perf_counter()
-        raw = llm.create_chat_completion(messages=messages, max_tokens=args.max_tokens, temperature=0.0, top_p=1.0)
+        raw = _COMPUTE.submit(llm.create_chat_completion, messages=messages, max_tokens=args.max_tokens,
+                              temperature=0.0, top_p=1.0).result()
         direct_s.append(time.perf_counter() - start)
         direct_tokens += raw["usage"]["completion_tokens"]
         request = ChatRequest(messages=[Message(role="user", content=prompt)],

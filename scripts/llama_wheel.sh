@@ -40,6 +40,9 @@ if [[ "$asked" == x86-64-v4-vnni ]]; then
   level=x86-64-v4-vnni; cmake="$common $v3 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON"
 elif [[ "$arch" == x86_64 ]] && has avx2 && has fma && has f16c && has bmi2; then
   level=x86-64-v3; cmake="$common $v3 $noavx512"
+elif [[ "$asked" == x86-64-v3 ]]; then
+  echo "error: ECDYSIS_LLAMA_LEVEL=x86-64-v3 needs an x86-64 CPU with AVX2, FMA, F16C and BMI2; unset it for the level this CPU runs" >&2
+  exit 2
 elif [[ "$arch" == x86_64 ]]; then
   level=x86-64; cmake="$common $noavx512 -DGGML_AVX=OFF -DGGML_AVX2=OFF -DGGML_FMA=OFF -DGGML_F16C=OFF -DGGML_BMI2=OFF"
 else

@@ -409,3 +409,35 @@ async def test_a_training_run_stops_mid_debate_when_its_budget_is_spent(tmp_path
     assert not first.accepted and first.reason.startswith("no spec: budget spent: optimizer_tokens")
     assert result.stop_reason.startswith("budget spent: optimizer_tokens")
     assert result.final_harness_id == result.seed_harness_id
+
+
+async def test_a_resumed_writer_repeats_the_calls_it_paid_for_though_the_budget_is_now_spent(tmp_path: Path) -> None:
+    """Killed after the spec call returned and before the spec was stored: the call's cost is already in the
+    spend, so the resumed run sees the budget spent, yet the uninterrupted run kept that spec. A request the
+    run already paid for is free: the resumed writer makes it again (a cache hit) and keeps the same spec."""
+    from ecdysis.models import ResponseCache
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    store = RunStore(tmp_path / "run")
+    scripted = ScriptedModel([json.dumps(BOXED_SPEC)] * 2)
+
+    def recorded(role: str, request: object, response: object) -> None:
+        store.record_call("run", None, role, "m", 10, 10, 0.0, 0.0, False, call_key=response.request_key)  # type: ignore[attr-defined]
+
+    model = MeteredModel(scripted, cache=ResponseCache(tmp_path / "c.sqlite"), role="analyst", listeners=[recorded])
+    roles = dict.fromkeys(("analyst", "critic", "engineer", "moderator"), model)
+    first = await SpecWriter(store, "run", roles).write("k", seed_with("gsm8k"), [pattern], passes=0, debate=False)
+    assert first.spec is not None and len(scripted.calls) == 1
+
+    def spent() -> str:
+        return "budget spent: wall_s 1210/1200"
+
+    resumed = await SpecWriter(store, "run", roles, spent=spent).write("k", seed_with("gsm8k"), [pattern], passes=0,
+                                                                      debate=False)
+    assert resumed.spec == first.spec and not resumed.stopped and len(scripted.calls) == 1  # served by the cache
+    other = Pattern("P2", "other", ["s"], ["c", "d"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    unpaid = await SpecWriter(store, "run", roles, spent=spent).write("k2", seed_with("gsm8k"), [other], passes=0,
+                                                                     debate=False)
+    assert unpaid.spec is None and unpaid.stopped == spent() and len(scripted.calls) == 1

@@ -124,6 +124,10 @@ class MeteredModel:
         identity = f"{self.model.identity}\0scope={scope}" if scope else self.model.identity
         return f"{identity}\0partition={partition}" if partition else identity
 
+    def request_key(self, request: ChatRequest, partition: str = "") -> str:
+        """The request's scope-free key, what a run pays once (store.charged_calls); "" without a cache."""
+        return cache_key(self.cache_identity(partition, ""), request) if self.cache is not None else ""
+
     async def chat(self, request: ChatRequest, partition: str = "") -> ChatResponse:
         """The response, from the cache where an identical request of the same scope (or one of `read_scopes`)
         and `partition` was answered before. Evaluations pass their split as the partition: no entry written
@@ -131,8 +135,7 @@ class MeteredModel:
         nothing between splits. `charged_s` is what the call cost when it ran (charge.py), whichever way it is
         served now; `request_key` names the request without the scope (what a run pays once, store.charged_calls)."""
         key = cache_key(self.cache_identity(partition), request)
-        cached = self.cache is not None
-        charge = {"request_key": cache_key(self.cache_identity(partition, ""), request) if cached else ""}
+        charge = {"request_key": self.request_key(request, partition)}
         response = self.cache.get(key) if self.cache is not None else None
         for scope in self.read_scopes if self.cache is not None and response is None else ():
             if (response := self.cache.get(cache_key(self.cache_identity(partition, scope), request))) is not None:

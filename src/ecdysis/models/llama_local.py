@@ -1,7 +1,8 @@
 """Embedded llama.cpp backend: runs a GGUF in-process (needs the `local` extra).
 
-Each model file is loaded once per (context size, instance) and shared; one generation runs at a
-time per loaded context (2 cores gain nothing from more). Episodes (request `session`) share that one context:
+Each model file is loaded once per (context size, instance) and shared; one generation runs at a time in the
+process, every one on the backend's one llama.cpp thread (`_COMPUTE`: one OpenMP team; 2 cores gain nothing from
+more). Episodes (request `session`) share a loaded context:
 when another episode's turn comes, the current episode's KV cache (sequence 0 only, no logits) is
 saved and the next episode's restored (`SessionStates`, up to `slots` kept), so concurrent multi-turn
 episodes do not evict each other: each turn processes only its new tokens. A new episode starts from

@@ -287,6 +287,12 @@ class RunStore:
                      cost_usd, int(cache_hit), time.time(), cached_tokens, charged_s, call_key,
                      constrained_tokens))
 
+    def paid_role_call(self, run_id: str, call_key: str) -> bool:
+        """Whether the run already made (and paid) this optimizer-role request: asked again, it is free
+        (`charged_calls` pays each request once). False for an unkeyed request ("": always paid)."""
+        return bool(call_key) and bool(self._rows(
+            "SELECT 1 FROM model_calls WHERE run_id=? AND eval_id IS NULL AND call_key=? LIMIT 1", (run_id, call_key)))
+
     def fresh_calls(self) -> list[FreshCall]:
         """The calls a backend served fresh (not from the response cache) with a measured latency, oldest first:
         what a rate table is checked against."""

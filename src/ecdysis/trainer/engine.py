@@ -164,11 +164,11 @@ class Engine(TrainContext):
         if spec_record is None:
             proposal = await self._timed(f"{key}/spec", lambda: self.propose(ev, key, target))
             spec_record = SpecRecord(spec=proposal.spec.model_dump() if proposal.spec else None,
-                                     error=proposal.error, source=proposal.source)
+                                     error=proposal.error, source=proposal.source, stopped=proposal.stopped)
             records.put(self.store, self.run_id, key, spec_record)
         spec = HarnessSpec.model_validate(spec_record.spec) if spec_record.spec is not None else None
-        if spec is None and self.budget.exhausted(self.spend()) is not None:  # the roles stopped at the budget
-            return StepOutcome(reason=spec_record.error or "no spec: budget spent", taken=False)
+        if spec is None and spec_record.stopped:  # the budget stopped the roles: nothing to build or decide
+            return StepOutcome(reason=spec_record.error or f"no spec: {spec_record.stopped}", taken=False)
         if spec is not None:
             self.view.spec(spec, spec_record.source)
         candidate, versions = await self.candidates(key, ev, spec, spec_record.source, target)

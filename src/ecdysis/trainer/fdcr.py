@@ -169,6 +169,11 @@ class DebateOutcome:
     error: str = ""
     raw: list[str] = field(default_factory=list)
     source: str = "roles"  # "library: ..." when the roles wrote no usable spec and the library wrote this one
+    stopped: str = ""  # the budget's stop reason when the budget stopped the roles (then no spec)
+
+
+class BudgetSpent(Exception):
+    """The budget is spent: a role call the run has not paid for yet is not made."""
 
 
 def _unlimited() -> str | None:
@@ -179,7 +184,9 @@ def _unlimited() -> str | None:
 class SpecWriter:
     """Runs the debate (or a single analyst) and the Moderator, checkpointing every turn. `spent` is the
     budget's stop reason (None while money is left): checked before every role call, so an arm makes no new
-    call once its budget is spent (as an evaluation starts no new episode), whatever its number of roles."""
+    call once its budget is spent (as an evaluation starts no new episode), whatever its number of roles. A
+    request the run already paid for is free and always made: a resumed run replays its calls from the cache
+    and decides as the uninterrupted run did, though their cost is already in the spend."""
 
     store: RunStore
     run_id: str
@@ -193,7 +200,11 @@ class SpecWriter:
         messages = [*(history or []), Message(role="user", content=prompt)]
         limit = self.settings.spec_max_tokens if schema else self.settings.max_tokens
         params = GenerationParams(temperature=self.settings.temperature, max_tokens=limit, json_schema=schema)
-        response = await self.roles[role].chat(ChatRequest(messages=messages, params=params))
+        request, model = ChatRequest(messages=messages, params=params), self.roles[role]
+        if (stop := self.spent()) is not None and not self.store.paid_role_call(self.run_id,
+                                                                                model.request_key(request)):
+            raise BudgetSpent(stop)
+        response = await model.chat(request)
         return response.text, response.finish_reason
 
     def _checkpoint(self, key: str, transcript: list[dict[str, Any]]) -> None:
@@ -212,10 +223,12 @@ class SpecWriter:
         for index, (pass_no, role) in enumerate(turns):
             if index < len(transcript):
                 continue  # done before a restart
-            if (stop := self.spent()) is not None:
-                return DebateOutcome(None, transcript, error=f"no spec: {stop} during the debate")
             said = "\n".join(f"{t['role'].upper()}: {t['text']}" for t in transcript) or "(nothing yet)"
-            text, _ = await self._say(role, render_role(role, transcript=said, **context))
+            try:
+                text, _ = await self._say(role, render_role(role, transcript=said, **context))
+            except BudgetSpent as spent:
+                return DebateOutcome(None, transcript, error=f"no spec: {spent} during the debate",
+                                     stopped=str(spent))
             transcript.append({"pass": pass_no, "role": role, "text": text.strip()})
             self._checkpoint(key, transcript)
         # a run killed after the writer's entry was checkpointed but before its spec was stored writes the
@@ -229,11 +242,13 @@ class SpecWriter:
         history: list[Message] = []
         error = ""
         for attempt in range(2):  # the spec, then one repair with the error shown
-            if (stop := self.spent()) is not None:
-                return DebateOutcome(None, transcript, error=f"no spec: {stop} before the {writer}'s "
-                                                             f"{'repair' if attempt else 'spec'}", raw=raw)
             combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
-            text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations), history=history)
+            try:
+                text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations),
+                                               history=history)
+            except BudgetSpent as spent:
+                return DebateOutcome(None, transcript, error=f"no spec: {spent} before the {writer}'s "
+                                     f"{'repair' if attempt else 'spec'}", raw=raw, stopped=str(spent))
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)

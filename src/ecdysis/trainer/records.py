@@ -142,6 +142,7 @@ class SpecRecord(Record):
     spec: dict[str, Any] | None = None
     error: str | None = None
     source: str = "roles"  # or "library: ..." when the library wrote it without asking a role
+    stopped: str = ""  # the budget's stop reason when the budget stopped the roles before a spec
 
 
 class AcceptRule(Record):

@@ -63,6 +63,7 @@ class Proposal:
     source: str = "roles"  # "roles", or "library: ..." when the library wrote the spec (no role asked, or none
     # of the roles' output was usable)
     target: str | None = None  # per-failure schedule: the failing task this step is for
+    stopped: str = ""  # the budget's stop reason when the budget stopped the roles (then no spec)
 
 
 class Proposer(ABC):

@@ -39,4 +39,5 @@ class SerialProposer(Proposer):
         assert target is not None
         outcome = await ctx.writer.write(key, evidence.current, [pattern], 0, debate=False,
                                          earlier=ctx.history.earlier_edits(target))
-        return Proposal(outcome.spec, [pattern], error=outcome.error, source=outcome.source, target=target)
+        return Proposal(outcome.spec, [pattern], error=outcome.error, source=outcome.source, target=target,
+                        stopped=outcome.stopped)
