@@ -409,6 +409,8 @@ async def test_a_training_run_stops_mid_debate_when_its_budget_is_spent(tmp_path
     assert not first.accepted and first.reason.startswith("no spec: budget spent: optimizer_tokens")
     assert result.stop_reason.startswith("budget spent: optimizer_tokens")
     assert result.final_harness_id == result.seed_harness_id
+    assert [p.taken for p in result.curve if p.step > 0] == [False]  # the cut step is on the curve, not taken
+    assert result.decisions() == (0, 0)  # a step cut by the budget is neither accepted nor rejected
 
 
 async def test_a_resumed_writer_repeats_the_calls_it_paid_for_though_the_budget_is_now_spent(tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ class Engine(TrainContext):
         measured = self.evaluator.lookup(version, split)
         return measured.score if measured.complete else None
 
-    def point(self, decision_key: str, current: HarnessVersion, accepted: bool) -> None:
+    def point(self, decision_key: str, current: HarnessVersion, accepted: bool, taken: bool = True) -> None:
         """Store the curve point of one decision (once: a resumed run does not store it again)."""
         if self.store.get_record(self.run_id, "curve-of", decision_key) is not None:
             return
@@ -109,7 +109,7 @@ class Engine(TrainContext):
             arm=self.arm, step=step, harness_id=current.id, val_score=self.score(current, "val"),
             train_score=self.score(current, "train"), wall_s=s.wall_s, agent_executions=s.agent_executions,
             cached_executions=s.cached_executions, optimizer_calls=s.optimizer_calls,
-            optimizer_tokens=s.optimizer_tokens, accepted=accepted, charged_s=s.charged_s))
+            optimizer_tokens=s.optimizer_tokens, accepted=accepted, charged_s=s.charged_s, taken=taken))
         self.store.put_record(self.run_id, "curve-of", decision_key, step)
 
     def curve(self) -> list[CurvePoint]:

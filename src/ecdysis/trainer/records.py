@@ -166,7 +166,8 @@ class CurvePoint(Record):
     `agent_executions` counts episodes actually run (cache-served episodes are `cached_executions`),
     `optimizer_*` counts the optimizer roles' fresh calls and tokens, `charged_s` the charged training seconds
     (trainer/charged.py; the primary time, None for points stored before it existed) and `wall_s` the real
-    training wall time beside it."""
+    training wall time beside it. `taken` is False for a step cut before
+    its decision (counted neither accepted nor rejected)."""
 
     arm: str
     step: int
@@ -180,6 +181,7 @@ class CurvePoint(Record):
     optimizer_tokens: int
     accepted: bool
     charged_s: float | None = None
+    taken: bool = True  # False: the step was cut (budget, incomplete evaluation) before anything was compared
 
 
 R = TypeVar("R", bound=Record)

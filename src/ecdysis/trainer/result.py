@@ -49,12 +49,12 @@ class TrainResult:
     charged_s: float = 0.0  # charged training seconds (trainer/charged.py): the primary training time
 
     def decisions(self) -> tuple[int, int]:
-        """(accepted, rejected) decisions, read off the curve (step 0 is the seed, not a decision); a run
-        recorded before curves existed: off its rounds."""
-        steps = [p for p in self.curve if p.step > 0]
+        """(accepted, rejected) decisions, read off the curve (step 0 is the seed, not a decision; a step cut
+        before its decision, e.g. by the budget, is neither); a run recorded before curves existed: off its rounds."""
+        steps = [p for p in self.curve if p.step > 0 and p.taken]
         if self.curve:
             return sum(p.accepted for p in steps), sum(not p.accepted for p in steps)
-        edits = [e for r in self.rounds for e in r.attempts()]
+        edits = [e for r in self.rounds for e in r.attempts() if e.decision_taken]
         return sum(e.accepted for e in edits), sum(not e.accepted for e in edits)
 
     def to_dict(self) -> dict[str, Any]:

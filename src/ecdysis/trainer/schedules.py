@@ -102,7 +102,7 @@ class RoundSchedule(Schedule):
             return record.model_copy(update={"stop": "nothing recurring left", "reason": "no recurring pattern"})
         out = await loop.attempt(key, ev, None)
         after = out.harness_after(current)
-        loop.point(key, loop.store.load_version(after), out.accepted)
+        loop.point(key, loop.store.load_version(after), out.accepted, out.taken)
         stop = None if out.taken else loop.budget.exhausted(loop.spend())
         return record.model_copy(update={
             "candidate": out.candidate, "candidate_score": out.candidate_score, "variant": out.variant,
@@ -159,7 +159,7 @@ class PerFailureSchedule(Schedule):
     async def _edit(loop: Loop, key: str, ev: Evidence, task: str) -> SerialEdit:
         out = await loop.attempt(key, ev, task)
         loop.view.decision(out.accepted, f"serial edit for {task} ({out.variant}): {out.reason}")
-        loop.point(key, loop.store.load_version(out.harness_after(ev.current)), out.accepted)
+        loop.point(key, loop.store.load_version(out.harness_after(ev.current)), out.accepted, out.taken)
         return SerialEdit(task=task, accepted=out.accepted, reason=out.reason, variant=out.variant,
                           harness=out.candidate, tried=out.tried, decided_on=out.decided_on,
                           decision_taken=out.taken, early_stopped=out.early, variant_scores=out.variant_scores,
