@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Annotated
@@ -135,16 +136,23 @@ def compare_summary(
     target: Annotated[float | None, typer.Option(help="Pre-registered val accuracy: the factorial table.")] = None,
     budget_s: Annotated[float | None, typer.Option(help="Censoring time (charged s); default: the budget.")] = None,
     registered: Annotated[Path | None, typer.Option(help="TOML with the registered `target`, `budget_s`.")] = None,
+    groups: Annotated[Path | None, typer.Option(help="Task id -> group (JSON object or task_id,group CSV): test "
+                                                "accuracy per group and arm.")] = None,
+    reference: Annotated[str, typer.Option(help="With --groups: the arm paired differences are taken against.")]
+    = "fixed",
 ) -> None:
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
-    censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json."""
+    censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
+    with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
     from ..trainer.compare_factorial import Registration, factorial_report
+    from ..trainer.compare_groups import group_table, groups_json, read_groups
     from ..trainer.compare_results import pool_results, write_results
 
     try:
         pooled = pool_results(results)
         plan = Registration.resolve(target, budget_s, registered)
+        task_groups = read_groups(groups) if groups is not None else None
     except ValueError as exc:
         fail(str(exc))
         return
@@ -156,8 +164,12 @@ def compare_summary(
         for extra in (report.factor_table(), report.time_table()):
             if extra is not None:
                 console.print(extra)
+    if task_groups is not None:
+        console.print(group_table(pooled, task_groups, reference))
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:
             report.write(out / "factorial.json")
+        if task_groups is not None:
+            (out / "groups.json").write_text(json.dumps(groups_json(pooled, task_groups, reference), indent=1))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")

@@ -1,0 +1,127 @@
+"""Test accuracy by task group: what each arm's final harness fixed, per kind of task.
+
+A group file maps task ids to a group name (a failure kind, a category, a difficulty): a JSON object
+`{"task-id": "group", ...}`, or a CSV/TSV with two columns `task_id,group` (a header row is allowed). Tasks the
+file does not name are counted under `(ungrouped)`. The table pools every (seed, test task) an arm scored; the
+difference table is the paired difference against a reference arm (by default `fixed`, the seed harness: what
+each arm changed per group), with the two-stage bootstrap of `compare_stats.paired_estimate`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from .compare_results import ArmResult
+from .compare_stats import Estimate, paired_estimate
+
+UNGROUPED = "(ungrouped)"
+
+
+def read_groups(path: Path) -> dict[str, str]:
+    """The task id -> group map of a JSON object or a two-column CSV/TSV; ValueError naming the file and line."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read the group file {path}: {exc.strerror or exc}") from exc
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc.msg} at line {exc.lineno}); expected "
+                             '{"task-id": "group", ...}') from exc
+        if not isinstance(data, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in data.items()):
+            raise ValueError(f'{path}: expected a JSON object of task id -> group name, {{"task-id": "group"}}')
+        return data
+    out: dict[str, str] = {}
+    dialect = "excel-tab" if path.suffix in (".tsv", ".tab") else "excel"
+    for line, row in enumerate(csv.reader(text.splitlines(), dialect=dialect), 1):
+        if not row or not "".join(row).strip():
+            continue
+        if len(row) != 2:
+            raise ValueError(f"{path}, line {line}: expected two columns (task_id, group), got {len(row)}")
+        task, group = (c.strip() for c in row)
+        if line == 1 and task.lower() in ("task_id", "task", "id"):
+            continue
+        out[task] = group
+    if not out:
+        raise ValueError(f"{path}: no task id -> group rows")
+    return out
+
+
+@dataclass(frozen=True)
+class GroupCell:
+    """One arm on one group: accuracy over its (seed, task) pairs, and the paired difference to the reference."""
+
+    accuracy: float
+    n: int
+    difference: Estimate | None
+
+
+def _by_seed(runs: list[ArmResult], groups: dict[str, str], group: str) -> dict[int, dict[str, float]]:
+    return {r.seed: {t: s for t, s in r.test_per_task.items() if groups.get(t, UNGROUPED) == group} for r in runs}
+
+
+def group_cells(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed",
+                reps: int = 2000) -> tuple[list[str], dict[str, dict[str, GroupCell]]]:
+    """(the groups in order, arm -> group -> cell) over the arms that scored test tasks; `reference` None or absent:
+    no differences."""
+    arms: dict[str, list[ArmResult]] = {}
+    for r in results:
+        if r.test_per_task:
+            arms.setdefault(r.arm, []).append(r)
+    seen = {groups.get(t, UNGROUPED) for runs in arms.values() for r in runs for t in r.test_per_task}
+    names = sorted(seen - {UNGROUPED}) + ([UNGROUPED] if UNGROUPED in seen else [])
+    ref = arms.get(reference) if reference else None
+    cells: dict[str, dict[str, GroupCell]] = {}
+    for arm, runs in arms.items():
+        row = {}
+        for g in names:
+            scores = [s for by_task in _by_seed(runs, groups, g).values() for s in by_task.values()]
+            if not scores:
+                continue
+            diff = None
+            if ref is not None and arm != reference:
+                diff = paired_estimate(_by_seed(runs, groups, g), _by_seed(ref, groups, g), reps=reps)
+            row[g] = GroupCell(sum(scores) / len(scores), len(scores), diff)
+        cells[arm] = row
+    return names, cells
+
+
+def group_table(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed") -> Table:
+    """Test accuracy per arm and group (n = seed x task pairs); with the reference arm, its paired difference."""
+    names, cells = group_cells(results, groups, reference)
+    with_ref = reference in cells
+    title = "Test accuracy by task group" + (f" (paired difference vs {reference}, 95% CI)" if with_ref else "")
+    table = Table(title=title)
+    table.add_column("arm")
+    for g in names:
+        n = max((row[g].n for row in cells.values() if g in row), default=0)
+        table.add_column(f"{g} (n={n})", justify="right")
+    for arm, row in cells.items():
+        out = []
+        for g in names:
+            cell = row.get(g)
+            if cell is None:
+                out.append("–")
+            elif cell.difference is not None:
+                out.append(f"{cell.accuracy:.3f}\n{cell.difference.text(signed=True)}")
+            else:
+                out.append(f"{cell.accuracy:.3f}")
+        table.add_row(arm, *out)
+    return table
+
+
+def groups_json(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed") -> dict:
+    """The table as data (written as groups.json beside the pooled results)."""
+    names, cells = group_cells(results, groups, reference)
+    def cell(c: GroupCell) -> dict:
+        d = c.difference
+        return {"accuracy": c.accuracy, "n": c.n, "difference": None if d is None else
+                {"value": d.value, "low": d.low, "high": d.high, "n": d.n}}
+    return {"reference": reference if reference in cells else None, "groups": names,
+            "arms": {arm: {g: cell(c) for g, c in row.items()} for arm, row in cells.items()}}
