@@ -216,3 +216,27 @@ def test_every_generation_runs_on_one_thread(smollm_path: Path, monkeypatch: pyt
     asyncio.run(burst("second"))
     assert len(threads) == 6
     assert set(threads) == {threads[0]} and threads[0] != threading.get_ident()
+
+
+async def test_a_cancelled_call_stops_its_generation_at_the_next_step(smollm_path: Path) -> None:
+    """Ctrl-C cancels the task awaiting a reply; the generation itself used to run to its end on the llama.cpp
+    thread (an interrupted command waited for it at exit). Now it stops at llama.cpp's next step, and the
+    context serves the next call."""
+    from ecdysis.models.llama_local import _COMPUTE, LlamaCppModel, load
+
+    model = LlamaCppModel("smollm2-135m", n_ctx=2048, instance="cancel")
+    llm = load(model.path, 2048, None, "cancel").llm
+    long = req("Count from 1 to 500, one number per line.", max_tokens=1500, temperature=0.0)
+    task = asyncio.create_task(model.chat(long))
+    start = llm.n_tokens
+    while llm.n_tokens < start + 40 and not task.done():  # the prompt, then some generated tokens
+        await asyncio.sleep(0.05)
+    assert not task.done(), "the reply ended before it could be cancelled"
+    at_cancel = llm.n_tokens
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await asyncio.wrap_future(_COMPUTE.submit(lambda: None))  # the llama.cpp thread is free again
+    assert llm.n_tokens <= at_cancel + 3  # stopped within a step, not after up to 1500 more tokens
+    after = await model.chat(req("Name a fruit.", max_tokens=8))
+    assert after.text.strip() and after.usage.completion_tokens > 0

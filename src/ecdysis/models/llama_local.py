@@ -8,7 +8,8 @@ saved and the next episode's restored (`SessionStates`, up to `slots` kept), so 
 episodes do not evict each other: each turn processes only its new tokens. A new episode starts from
 whatever the context holds, so the prefix all episodes share (contract, tools, demos) is reused, not
 processed again. The chat template comes from the GGUF metadata; JSON-schema output uses llama.cpp's
-grammar support.
+grammar support. A call whose caller stops waiting (its task cancelled, e.g. by Ctrl-C) stops at llama.cpp's
+next step (`GenerationCancelled`), so an interrupted command exits without waiting for the generation to end.
 """
 
 from __future__ import annotations
@@ -94,6 +95,36 @@ def _close_all() -> None:
 atexit.register(_close_all)
 
 
+class GenerationCancelled(Exception):
+    """The caller stopped waiting (its task was cancelled, e.g. by Ctrl-C): the generation stopped early."""
+
+
+_CANCELLABLE: type | None = None
+
+
+def _cancellable_llama(llama_cpp: Any) -> type:
+    """`llama_cpp.Llama` whose work stops at its next step once `cancel` (a threading.Event) is set.
+
+    Every token llama.cpp processes goes through `Llama.eval`: the prompt in `n_batch` chunks, then one call per
+    generated token. Checking the event before each chunk stops a cancelled call within one chunk (a few
+    seconds of prompt, one token of generation) instead of running it to the end while the interrupted command
+    waits at exit for the llama.cpp thread. The chunks are the ones `Llama.eval` makes itself, so what is
+    computed, and the context's tokens after it, are the same."""
+    global _CANCELLABLE
+    if _CANCELLABLE is None:
+        class CancellableLlama(llama_cpp.Llama):  # type: ignore[misc,name-defined]
+            cancel: threading.Event | None = None
+
+            def eval(self, tokens: Any) -> None:
+                for i in range(0, len(tokens), self.n_batch):
+                    if self.cancel is not None and self.cancel.is_set():
+                        raise GenerationCancelled(f"cancelled after {self.n_tokens} tokens in the context")
+                    super().eval(tokens[i: i + self.n_batch])
+
+        _CANCELLABLE = CancellableLlama
+    return _CANCELLABLE
+
+
 def _key(path: Path, n_ctx: int, instance: str) -> tuple[str, int, str]:
     return str(path.resolve()), n_ctx, instance
 
@@ -104,7 +135,7 @@ def load(path: Path, n_ctx: int = 4096, n_threads: int | None = None, instance: 
     with _LOAD_LOCK:
         if key not in _LOADED:
             llama_cpp = _import_llama()
-            llm = llama_cpp.Llama(
+            llm = _cancellable_llama(llama_cpp)(
                 model_path=str(path),
                 n_ctx=n_ctx,
                 n_threads=n_threads or os.cpu_count() or 1,
@@ -211,9 +242,11 @@ class LlamaCppModel:
         with loaded.lock:
             loaded.states.release(session)
 
-    def _generate(self, request: ChatRequest, forced: dict[str, Any] | None) -> tuple[dict[str, Any], float, int]:
+    def _generate(self, request: ChatRequest, forced: dict[str, Any] | None,
+                  cancel: threading.Event | None = None) -> tuple[dict[str, Any], float, int]:
         """Generate under the model's lock; returns the completion, the generation time only, and the
-        prompt tokens llama.cpp reused from the context's KV cache (its longest common prefix)."""
+        prompt tokens llama.cpp reused from the context's KV cache (its longest common prefix). Once `cancel`
+        is set, raises GenerationCancelled at llama.cpp's next step (before any if it is set already)."""
         loaded = load(self.path, self.n_ctx, self.n_threads, self.instance)
         llm = loaded.llm
         p = request.params
@@ -238,7 +271,13 @@ class LlamaCppModel:
             loaded.states.switch(llm, p.session)
             before = list(llm._input_ids)  # the tokens whose KV the context holds
             start = time.perf_counter()
-            out = llm.create_chat_completion(**kwargs)
+            llm.cancel = cancel
+            try:
+                if cancel is not None and cancel.is_set():
+                    raise GenerationCancelled("cancelled before it started")
+                out = llm.create_chat_completion(**kwargs)
+            finally:
+                llm.cancel = None
             seconds = time.perf_counter() - start
             prompt = list(llm._input_ids)[: (out.get("usage") or {}).get("prompt_tokens", 0)]
             return out, seconds, reused_prefix(before, prompt)
@@ -246,9 +285,13 @@ class LlamaCppModel:
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         constrained = under_grammar(request.params)  # a grammar, as _generate sets
+        cancel = threading.Event()
         try:
             out, seconds, reused = await asyncio.get_running_loop().run_in_executor(
-                _COMPUTE, self._generate, request, forced)
+                _COMPUTE, self._generate, request, forced, cancel)
+        except asyncio.CancelledError:  # nobody waits for the reply: stop the generation at its next step
+            cancel.set()
+            raise
         except ValueError as exc:  # e.g. prompt longer than the context window
             raise ModelError(f"{self.name}: {exc}") from exc
         choice = out["choices"][0]
