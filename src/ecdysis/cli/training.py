@@ -148,6 +148,7 @@ def compare_summary(
     from ..trainer.compare_factorial import Registration, factorial_report
     from ..trainer.compare_groups import group_table, groups_json, read_groups
     from ..trainer.compare_results import pool_results, write_results
+    from ..trainer.compare_verdict import verdict_table, verdicts
 
     try:
         pooled = pool_results(results)
@@ -159,17 +160,23 @@ def compare_summary(
     views.compare_table(console, pooled)
     views.compare_summary(console, pooled)
     report = factorial_report(pooled, plan) if plan is not None else None
+    decided: dict[str, object] = {}
     if report is not None:
         console.print(report.table())
         for extra in (report.factor_table(), report.time_table()):
             if extra is not None:
                 console.print(extra)
+        claim, gains = verdicts(report)
+        if claim or gains:
+            console.print(verdict_table(claim, gains, report.registration))
+        decided = {"verdicts": [v.to_dict() for v in claim],
+                   "factor_gains": {f: {"gain": g, "why": why} for f, (g, why) in gains.items()}}
     if task_groups is not None:
         console.print(group_table(pooled, task_groups, reference))
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:
-            report.write(out / "factorial.json")
+            report.write(out / "factorial.json", **decided)
         if task_groups is not None:
             (out / "groups.json").write_text(json.dumps(groups_json(pooled, task_groups, reference), indent=1))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")

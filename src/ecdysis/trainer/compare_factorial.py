@@ -45,10 +45,13 @@ class FactorRow:
 
 @dataclass(frozen=True)
 class Registration:
-    """What was fixed before any arm ran: the target val accuracy and the budget (charged seconds)."""
+    """What was fixed before any arm ran: the target val accuracy, the budget (charged seconds), and the
+    decision's thresholds (compare_verdict.py; the designed suite's by default)."""
 
     target: float
     budget_s: float | None = None
+    min_speedup: float = 2.0  # the claim holds at a speed-up of at least this, its interval above 1
+    test_margin: float = 0.05  # ... and the paired test difference's interval above -test_margin
 
     @classmethod
     def resolve(cls, target: float | None, budget_s: float | None, path: Path | None) -> Registration | None:
@@ -56,8 +59,11 @@ class Registration:
         registered = cls.read(path) if path is not None else None
         if target is None and registered is None:
             return None
-        return cls(target if target is not None else registered.target,  # type: ignore[union-attr]
+        plan = cls(target if target is not None else registered.target,  # type: ignore[union-attr]
                    budget_s if budget_s is not None else registered.budget_s if registered else None)
+        if registered is not None:
+            plan = cls(plan.target, plan.budget_s, registered.min_speedup, registered.test_margin)
+        return plan
 
     @classmethod
     def read(cls, path: Path) -> Registration:
@@ -66,10 +72,14 @@ class Registration:
             data = tomllib.loads(path.read_text())
             target = float(data["target"])
             budget = data.get("budget_s")
-            return cls(target, float(budget) if budget is not None else None)
+            rule = {k: float(data[k]) for k in ("min_speedup", "test_margin") if k in data}
+            unknown = set(data) - {"target", "budget_s", "min_speedup", "test_margin"}
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)}")
+            return cls(target, float(budget) if budget is not None else None, **rule)
         except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: not a registration file ({exc!r}); it needs `target = <val accuracy>` and "
-                             "may set `budget_s = <charged seconds>`") from None
+                             "may set `budget_s = <charged seconds>`, `min_speedup`, `test_margin`") from None
 
 
 @dataclass
@@ -198,11 +208,11 @@ class FactorialReport:
     def factor_table(self) -> Table | None:
         return factor_table(self.factors) if self.factors else None
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, **extra: object) -> None:
         path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
                                     "budget_source": self.source, "rates_version": self.rates,
                                     "rows": [r.to_dict() for r in self.rows],
-                                    "factors": [asdict(f) for f in self.factors]}, indent=1))
+                                    "factors": [asdict(f) for f in self.factors], **extra}, indent=1))
 
 
 def factorial_report(results: list[ArmResult], registration: Registration) -> FactorialReport:

@@ -1,0 +1,111 @@
+"""The registered decision rules, applied mechanically to the factorial report (nothing judged by hand).
+
+- **The claim** (benchmarks/designed/README.md, benchmarks/claim/README.md): an aggregation arm (`aggregate`,
+  `ecdysis`) against a per-failure arm (`serial`, `serial+library`) *holds* when its speed-up to the target is
+  >= `min_speedup` (the registration's; default 2) with the interval's lower bound above 1, and its paired
+  test difference's interval lies above `-test_margin` (default 0.05). Anything else is a *miss*, with every
+  unmet condition said.
+- **A factor shows a gain** (the default method's rule, benchmarks/designed/README.md) when its speed-up
+  interval lies above 1 or its AUC-difference interval above 0, and its paired test difference's interval lies
+  above `-test_margin`.
+
+An estimate without an interval (one seed) never meets a condition on its interval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from rich.table import Table
+
+from .compare_factorial import FactorialReport, FactorialRow, FactorRow, Registration, _cell
+from .compare_stats import Estimate
+
+AGGREGATION_ARMS = ("aggregate", "ecdysis")
+PER_FAILURE_ARMS = ("serial", "serial+library")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    arm: str
+    against: str
+    holds: bool
+    why: str  # what was met, or every condition that was not
+    speedup: Estimate | None
+    test_diff: Estimate | None
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _above(e: Estimate | None, bound: float) -> bool:
+    return e is not None and e.low is not None and e.low > bound
+
+
+def _unmet_test(test: Estimate | None, margin: float) -> str | None:
+    if test is None:
+        return "no paired test difference"
+    if not _above(test, -margin):
+        low = "no interval" if test.low is None else f"lower bound {test.low:+.3f}"
+        return f"test difference not shown above -{margin:g} ({low})"
+    return None
+
+
+def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict]:
+    """Each aggregation arm against each per-failure arm that ran."""
+    by_arm = {r.arm: r for r in rows}
+    out = []
+    for arm in AGGREGATION_ARMS:
+        row = by_arm.get(arm)
+        if row is None:
+            continue
+        for ref in PER_FAILURE_ARMS:
+            if ref not in by_arm:
+                continue
+            speed, test = (row.speedup_vs or {}).get(ref), (row.test_vs or {}).get(ref)
+            unmet = []
+            if speed is None:
+                unmet.append("no speed-up (no curve)")
+            else:
+                if speed.value < rule.min_speedup:
+                    unmet.append(f"speed-up {speed.value:.2f} < {rule.min_speedup:g}")
+                if not _above(speed, 1.0):
+                    low = "no interval" if speed.low is None else f"lower bound {speed.low:.2f}"
+                    unmet.append(f"speed-up not shown above 1 ({low})")
+            if (why := _unmet_test(test, rule.test_margin)) is not None:
+                unmet.append(why)
+            met = f"speed-up {_cell(speed, 2)}, test {_cell(test, signed=True)}"
+            out.append(Verdict(arm, ref, not unmet, "; ".join(unmet) if unmet else met, speed, test))
+    return out
+
+
+def factor_gains(factors: list[FactorRow], rule: Registration) -> dict[str, tuple[bool, str]]:
+    """factor -> (shows a gain, why)."""
+    out = {}
+    for f in factors:
+        sooner, higher = _above(f.speedup, 1.0), _above(f.auc_diff, 0.0)
+        test = _unmet_test(f.test_diff, rule.test_margin)
+        if not (sooner or higher):
+            out[f.factor] = (False, "neither the speed-up interval above 1 nor the AUC difference's above 0")
+        else:
+            shown = "speed-up interval above 1" if sooner else "AUC difference interval above 0"
+            out[f.factor] = (test is None, shown if test is None else f"{shown}, but {test}")
+    return out
+
+
+def verdict_table(verdicts: list[Verdict], gains: dict[str, tuple[bool, str]], rule: Registration) -> Table:
+    """The claim's verdict per pair of arms, then each factor's gain, as the registration's rules decide."""
+    table = Table(title=f"The registered rules: the claim holds at speed-up >= {rule.min_speedup:g} with its "
+                        f"interval above 1 and the test difference's above -{rule.test_margin:g}")
+    for name in ("contrast", "verdict", "why"):
+        table.add_column(name)
+    for v in verdicts:
+        table.add_row(f"{v.arm} vs {v.against}", "holds" if v.holds else "miss", v.why)
+    for factor, (gain, why) in gains.items():
+        table.add_row(f"factor: {factor}", "gain" if gain else "no gain", why)
+    return table
+
+
+def verdicts(report: FactorialReport) -> tuple[list[Verdict], dict[str, tuple[bool, str]]]:
+    """The claim's verdicts and the factors' gains of a factorial report, under its registration's rules."""
+    return claim_verdicts(report.rows, report.registration), factor_gains(report.factors, report.registration)

@@ -1,0 +1,90 @@
+"""The registered decision rules applied to the factorial report (`compare_verdict.py`), on known inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ecdysis.trainer.compare_factorial import FactorialRow, FactorRow, Registration
+from ecdysis.trainer.compare_results import ArmResult
+from ecdysis.trainer.compare_stats import Estimate
+from ecdysis.trainer.compare_verdict import claim_verdicts, factor_gains
+from ecdysis.trainer.records import CurvePoint
+
+RULE = Registration(0.5, 600.0)
+
+
+def est(value: float, low: float | None, high: float | None) -> Estimate:
+    return Estimate(value, low, high, 8)
+
+
+def row(arm: str, speedup: Estimate | None, test: Estimate | None, ref: str = "serial+library") -> FactorialRow:
+    return FactorialRow(arm, 8, speedup_vs={ref: speedup}, test_vs={ref: test})
+
+
+def test_the_claim_holds_only_when_every_registered_condition_is_met() -> None:
+    rows = [FactorialRow("serial+library", 8),
+            row("aggregate", est(2.4, 1.3, 3.9), est(0.01, -0.04, 0.06)),   # every condition met
+            row("ecdysis", est(2.4, 0.9, 3.9), est(0.01, -0.08, 0.06))]     # interval reaches 1; test may lose 0.08
+    verdicts = {v.arm: v for v in claim_verdicts(rows, RULE)}
+    assert verdicts["aggregate"].holds and verdicts["aggregate"].against == "serial+library"
+    assert not verdicts["ecdysis"].holds
+    assert verdicts["ecdysis"].why == ("speed-up not shown above 1 (lower bound 0.90); test difference not shown "
+                                       "above -0.05 (lower bound -0.080)")
+    slow = claim_verdicts([FactorialRow("serial+library", 8), row("aggregate", est(1.5, 1.2, 1.8), est(0, -.01, .01))],
+                          RULE)
+    assert not slow[0].holds and slow[0].why == "speed-up 1.50 < 2"
+    one_seed = claim_verdicts([FactorialRow("serial+library", 1), row("aggregate", est(3.0, None, None), None)], RULE)
+    assert one_seed[0].why == "speed-up not shown above 1 (no interval); no paired test difference"
+    looser = Registration(0.5, 600.0, min_speedup=1.4, test_margin=0.1)
+    assert claim_verdicts([FactorialRow("serial+library", 8), row("ecdysis", est(1.5, 1.1, 1.9), est(0, -.08, .05))],
+                          looser)[0].holds
+
+
+def test_a_factor_shows_a_gain_by_speed_or_auc_without_losing_test_accuracy() -> None:
+    factors = [FactorRow("library", "serial+library", "serial", est(1.11, 1.02, 1.16), est(.04, -.01, .09),
+                         est(-.04, -.17, .02)),
+               FactorRow("aggregation", "aggregate", "serial+library", est(1.06, 1.0, 1.2), est(.03, .01, .05),
+                         est(.02, -.03, .06)),
+               FactorRow("debate", "ecdysis", "aggregate", est(1.0, 1.0, 1.0), est(-.03, -.07, 0.0),
+                         est(-.04, -.19, .04))]
+    gains = factor_gains(factors, RULE)
+    assert gains["library"] == (False, "speed-up interval above 1, but test difference not shown above -0.05 "
+                                       "(lower bound -0.170)")
+    assert gains["aggregation"] == (True, "AUC difference interval above 0")
+    assert gains["debate"] == (False, "neither the speed-up interval above 1 nor the AUC difference's above 0")
+
+
+def _curve(arm: str, at: float) -> list[CurvePoint]:
+    def point(step: int, time: float, val: float) -> CurvePoint:
+        return CurvePoint(arm=arm, step=step, harness_id=f"{arm}{step}", val_score=val, train_score=None,
+                          wall_s=time, agent_executions=step, cached_executions=0, optimizer_calls=0,
+                          optimizer_tokens=0, accepted=step > 0, charged_s=time)
+    return [point(0, 100, 0.2), point(1, at, 0.6)]
+
+
+def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thresholds(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ecdysis.cli.main import app
+    from ecdysis.trainer.compare_results import write_results
+
+    tasks = {"a": 1.0, "b": 0.0}
+    results = [ArmResult(arm, s, test_acc=0.5, curve=_curve(arm, at + 10 * s), budget_s=1000.0, test_per_task=tasks)
+               for s in (0, 1, 2) for arm, at in (("serial+library", 600.0), ("aggregate", 250.0))]
+    write_results(results, tmp_path / "cmp")
+    (tmp_path / "reg.toml").write_text("target = 0.5\nbudget_s = 1000\nmin_speedup = 3\n")
+    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
+                                   "--out", str(tmp_path / "pooled")], terminal_width=250)
+    assert out.exit_code == 0, out.output
+    assert "claim holds at speed-up >= 3" in out.output
+    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    (verdict,) = saved["verdicts"]
+    assert verdict["arm"] == "aggregate" and verdict["against"] == "serial+library" and not verdict["holds"]
+    assert verdict["why"] == "speed-up 2.35 < 3"  # 610 / 260 s; its interval is above 1, the test equal
+    assert saved["factor_gains"]["aggregation"]["gain"] is True  # sooner on every seed, the same test tasks
+    (tmp_path / "typo.toml").write_text("target = 0.5\nmin_speed = 3\n")
+    with pytest.raises(ValueError, match=r"typo\.toml: not a registration file.*min_speed"):
+        Registration.read(tmp_path / "typo.toml")
