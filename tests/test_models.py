@@ -99,6 +99,28 @@ async def test_concurrent_identical_calls_share_one_generation() -> None:
     assert sum(r.cache_hit for r in results) == 3
 
 
+async def test_a_caller_sharing_a_cancelled_call_makes_the_call_itself() -> None:
+    """A call that timed out (its episode cancelled) must not cancel the identical call it was sharing with
+    another caller: that caller, not cancelled itself, makes the call again."""
+    inner = ScriptedModel(["first", "second"], delay_s=0.2)
+    metered = MeteredModel(inner)
+    leader = asyncio.create_task(metered.chat(req("same")))
+    await asyncio.sleep(0.01)
+    follower = asyncio.create_task(metered.chat(req("same")))
+    await asyncio.sleep(0.01)
+    leader.cancel()
+    reply = await follower
+    assert leader.cancelled() and reply.text == "second" and not reply.cache_hit and len(inner.calls) == 2
+    waiting = asyncio.create_task(metered.chat(req("other")))  # a cancelled sharer still stops
+    await asyncio.sleep(0.01)
+    sharer = asyncio.create_task(metered.chat(req("other")))
+    await asyncio.sleep(0.01)
+    sharer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sharer
+    assert (await waiting).text and len(inner.calls) == 3
+
+
 async def test_http_retries_429_and_5xx_then_succeeds() -> None:
     seen: list[httpx.Request] = []
     model = fake_model([httpx.Response(429, json={"error": {"message": "slow"}}),

@@ -145,7 +145,13 @@ class MeteredModel:
                                                     "retries": 0, "charged_s": rates().call_seconds(response),
                                                     **charge})
         elif key in self._inflight:  # an identical call is running: share its result
-            shared = await asyncio.shield(self._inflight[key])
+            try:
+                shared = await asyncio.shield(self._inflight[key])
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():  # this caller was cancelled
+                    raise
+                return await self.chat(request, partition)  # the call it waited for was: make it again
             response = shared.model_copy(update={"cache_hit": True, "latency_s": 0.0, "cost_usd": 0.0,
                                                   "retries": 0})
         else:
