@@ -237,6 +237,6 @@ async def test_a_cancelled_call_stops_its_generation_at_the_next_step(smollm_pat
     with pytest.raises(asyncio.CancelledError):
         await task
     await asyncio.wrap_future(_COMPUTE.submit(lambda: None))  # the llama.cpp thread is free again
-    assert llm.n_tokens <= at_cancel + 3  # stopped within a step, not after up to 1500 more tokens
+    assert llm.n_tokens <= at_cancel + 8  # stopped within a step or so (the old code: 120 more, to its end)
     after = await model.chat(req("Name a fruit.", max_tokens=8))
     assert after.text.strip() and after.usage.completion_tokens > 0
