@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ecdysis.trainer.compare_groups import UNGROUPED, group_cells, read_groups
+from ecdysis.trainer.compare_groups import UNGROUPED, group_report, read_groups
 from ecdysis.trainer.compare_results import ArmResult
 
 GROUPS = {"a": "units", "b": "units", "c": "labels", "d": "labels"}
@@ -22,8 +22,9 @@ def results() -> list[ArmResult]:
 
 
 def test_accuracy_and_paired_difference_per_group_on_known_inputs() -> None:
-    names, cells = group_cells(results(), GROUPS, reps=500)
-    assert names == ["labels", "units", UNGROUPED]  # sorted, the tasks the file does not name last
+    report = group_report(results(), GROUPS, reps=500)
+    names, cells = report.groups, report.cells
+    assert names == ["labels", "units", UNGROUPED] and report.reference == "fixed"  # fixed ran; ungrouped last
     units, labels, other = (cells["aggregate"][g] for g in ("units", "labels", UNGROUPED))
     assert (units.accuracy, units.n) == (1.0, 4) and cells["fixed"]["units"].accuracy == 0.0
     assert units.difference is not None and units.difference.value == 1.0
@@ -32,8 +33,13 @@ def test_accuracy_and_paired_difference_per_group_on_known_inputs() -> None:
     assert labels.difference.low is not None and labels.difference.low < -0.25 < 0.0 <= labels.difference.high
     assert other.n == 2 and other.difference is not None and other.difference.value == 0.5
     assert cells["fixed"]["units"].difference is None  # the reference has no difference to itself
-    _, without = group_cells(results(), GROUPS, reference="serial")  # no such arm: accuracies only
-    assert without["aggregate"]["units"].difference is None and without["aggregate"]["units"].accuracy == 1.0
+    without = group_report([r for r in results() if r.arm != "fixed"], GROUPS)  # no fixed arm: accuracies only
+    assert without.reference is None and without.cells["aggregate"]["units"].difference is None
+    assert without.cells["aggregate"]["units"].accuracy == 1.0
+    with pytest.raises(ValueError, match="--reference 'serial' has no test scores here; arms: fixed, aggregate"):
+        group_report(results(), GROUPS, reference="serial")
+    with pytest.raises(ValueError, match="none of the 5 test tasks is in the group file"):
+        group_report(results(), {"x1": "units"})
 
 
 def test_a_group_file_is_json_or_two_column_csv_and_a_bad_one_is_named(tmp_path: Path) -> None:
@@ -42,6 +48,11 @@ def test_a_group_file_is_json_or_two_column_csv_and_a_bad_one_is_named(tmp_path:
     (tmp_path / "g.csv").write_text("task_id,group\na,units\nb , units\n\nc,labels\n")
     assert read_groups(tmp_path / "g.csv") == {"a": "units", "b": "units", "c": "labels"}
     (tmp_path / "g.tsv").write_text("a\tunits\nc\tlabels\n")
+    (tmp_path / "excel.CSV").write_text("\ufefftask_id,group\na,units\n")  # a spreadsheet's BOM and header
+    assert read_groups(tmp_path / "excel.CSV") == {"a": "units"}
+    (tmp_path / "twice.csv").write_text("a,units\na,labels\n")
+    with pytest.raises(ValueError, match=r"twice\.csv, line 2: task 'a' is already in group 'units'"):
+        read_groups(tmp_path / "twice.csv")
     assert read_groups(tmp_path / "g.tsv") == {"a": "units", "c": "labels"}
     (tmp_path / "bad.csv").write_text("a,units\nb,units,extra\n")
     with pytest.raises(ValueError, match=r"bad\.csv, line 2: expected two columns"):

@@ -10,7 +10,7 @@ import pytest
 from ecdysis.trainer.compare_factorial import FactorialRow, FactorRow, Registration
 from ecdysis.trainer.compare_results import ArmResult
 from ecdysis.trainer.compare_stats import Estimate
-from ecdysis.trainer.compare_verdict import claim_verdicts, factor_gains
+from ecdysis.trainer.compare_verdict import claim_verdicts, factor_gains, overall
 from ecdysis.trainer.records import CurvePoint
 
 RULE = Registration(0.5, 600.0)
@@ -38,6 +38,14 @@ def test_the_claim_holds_only_when_every_registered_condition_is_met() -> None:
     assert not slow[0].holds and slow[0].why == "speed-up 1.50 < 2"
     one_seed = claim_verdicts([FactorialRow("serial+library", 1), row("aggregate", est(3.0, None, None), None)], RULE)
     assert one_seed[0].why == "speed-up not shown above 1 (no interval); no paired test difference"
+    # the claim must hold against serial+library, not only against serial
+    both = [FactorialRow("serial", 8), FactorialRow("serial+library", 8),
+            FactorialRow("aggregate", 8, speedup_vs={"serial": est(3, 2, 4), "serial+library": est(1.2, .9, 1.5)},
+                         test_vs={"serial": est(0, -.01, .01), "serial+library": est(0, -.01, .01)})]
+    assert overall(claim_verdicts(both, RULE)) == [("aggregate", "miss", "misses against serial+library")]
+    alone = [FactorialRow("serial", 8), row("aggregate", est(3, 2, 4), est(0, -.01, .01), ref="serial")]
+    assert [v.holds for v in claim_verdicts(alone, RULE)] == [True]
+    assert overall(claim_verdicts(alone, RULE)) == [("aggregate", "not decided", "serial+library did not run")]
     looser = Registration(0.5, 600.0, min_speedup=1.4, test_margin=0.1)
     assert claim_verdicts([FactorialRow("serial+library", 8), row("ecdysis", est(1.5, 1.1, 1.9), est(0, -.08, .05))],
                           looser)[0].holds
@@ -85,6 +93,11 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
     assert verdict["arm"] == "aggregate" and verdict["against"] == "serial+library" and not verdict["holds"]
     assert verdict["why"] == "speed-up 2.35 < 3"  # 610 / 260 s; its interval is above 1, the test equal
     assert saved["factor_gains"]["aggregation"]["gain"] is True  # sooner on every seed, the same test tasks
+    assert saved["claim"] == {"aggregate": {"outcome": "miss", "why": "misses against serial+library"}}
     (tmp_path / "typo.toml").write_text("target = 0.5\nmin_speed = 3\n")
     with pytest.raises(ValueError, match=r"typo\.toml: not a registration file.*min_speed"):
         Registration.read(tmp_path / "typo.toml")
+    for bad in ("min_speedup = nan", "min_speedup = 0", "test_margin = -0.1", "min_speedup = true"):
+        (tmp_path / "bad.toml").write_text(f"target = 0.5\n{bad}\n")
+        with pytest.raises(ValueError, match="min_speedup must be a number > 0"):
+            Registration.read(tmp_path / "bad.toml")

@@ -138,22 +138,22 @@ def compare_summary(
     registered: Annotated[Path | None, typer.Option(help="TOML with the registered `target`, `budget_s`.")] = None,
     groups: Annotated[Path | None, typer.Option(help="Task id -> group (JSON object or task_id,group CSV): test "
                                                 "accuracy per group and arm.")] = None,
-    reference: Annotated[str, typer.Option(help="With --groups: the arm paired differences are taken against.")]
-    = "fixed",
+    reference: Annotated[str | None, typer.Option(help="With --groups: the arm paired differences are taken "
+                                                   "against (default: fixed, when it ran).")] = None,
 ) -> None:
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
     from ..trainer.compare_factorial import Registration, factorial_report
-    from ..trainer.compare_groups import group_table, groups_json, read_groups
+    from ..trainer.compare_groups import group_report, read_groups
     from ..trainer.compare_results import pool_results, write_results
-    from ..trainer.compare_verdict import verdict_table, verdicts
+    from ..trainer.compare_verdict import overall, verdict_table, verdicts
 
     try:
         pooled = pool_results(results)
         plan = Registration.resolve(target, budget_s, registered)
-        task_groups = read_groups(groups) if groups is not None else None
+        by_group = group_report(pooled, read_groups(groups), reference) if groups is not None else None
     except ValueError as exc:
         fail(str(exc))
         return
@@ -170,13 +170,14 @@ def compare_summary(
         if claim or gains:
             console.print(verdict_table(claim, gains, report.registration))
         decided = {"verdicts": [v.to_dict() for v in claim],
+                   "claim": {arm: {"outcome": outcome, "why": why} for arm, outcome, why in overall(claim)},
                    "factor_gains": {f: {"gain": g, "why": why} for f, (g, why) in gains.items()}}
-    if task_groups is not None:
-        console.print(group_table(pooled, task_groups, reference))
+    if by_group is not None:
+        console.print(by_group.table())
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:
             report.write(out / "factorial.json", **decided)
-        if task_groups is not None:
-            (out / "groups.json").write_text(json.dumps(groups_json(pooled, task_groups, reference), indent=1))
+        if by_group is not None:
+            (out / "groups.json").write_text(json.dumps(by_group.to_dict(), indent=1))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")

@@ -116,6 +116,8 @@ def _cancellable_llama(llama_cpp: Any) -> type:
             cancel: threading.Event | None = None
 
             def eval(self, tokens: Any) -> None:
+                if len(tokens) == 0:
+                    return super().eval(tokens)  # exactly the base call (it clears the cache past n_tokens)
                 for i in range(0, len(tokens), self.n_batch):
                     if self.cancel is not None and self.cancel.is_set():
                         raise GenerationCancelled(f"cancelled after {self.n_tokens} tokens in the context")
@@ -189,6 +191,7 @@ class SessionStates:
             return
         llm.input_ids[: len(ids)] = ids
         llm.n_tokens = len(ids)
+        llm._requires_eval = True  # the logits are another episode's: never sample from them (an exact-prompt hit)
 
     def release(self, session: str) -> None:
         self.saved.pop(session, None)

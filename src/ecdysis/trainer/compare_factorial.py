@@ -8,6 +8,7 @@ how to read them.
 from __future__ import annotations
 
 import json
+import math
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -72,10 +73,14 @@ class Registration:
             data = tomllib.loads(path.read_text())
             target = float(data["target"])
             budget = data.get("budget_s")
-            rule = {k: float(data[k]) for k in ("min_speedup", "test_margin") if k in data}
+            rule = {k: data[k] for k in ("min_speedup", "test_margin") if k in data}
             unknown = set(data) - {"target", "budget_s", "min_speedup", "test_margin"}
             if unknown:
                 raise ValueError(f"unknown keys {sorted(unknown)}")
+            if not all(type(v) in (int, float) and math.isfinite(v) for v in rule.values()) or \
+                    rule.get("min_speedup", 1) <= 0 or rule.get("test_margin", 0) < 0:
+                raise ValueError("min_speedup must be a number > 0 and test_margin a number >= 0")
+            rule = {k: float(v) for k, v in rule.items()}
             return cls(target, float(budget) if budget is not None else None, **rule)
         except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: not a registration file ({exc!r}); it needs `target = <val accuracy>` and "

@@ -25,10 +25,10 @@ UNGROUPED = "(ungrouped)"
 def read_groups(path: Path) -> dict[str, str]:
     """The task id -> group map of a JSON object or a two-column CSV/TSV; ValueError naming the file and line."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise ValueError(f"cannot read the group file {path}: {exc.strerror or exc}") from exc
-    if path.suffix == ".json":
+    if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -38,7 +38,7 @@ def read_groups(path: Path) -> dict[str, str]:
             raise ValueError(f'{path}: expected a JSON object of task id -> group name, {{"task-id": "group"}}')
         return data
     out: dict[str, str] = {}
-    dialect = "excel-tab" if path.suffix in (".tsv", ".tab") else "excel"
+    dialect = "excel-tab" if path.suffix.lower() in (".tsv", ".tab") else "excel"
     for line, row in enumerate(csv.reader(text.splitlines(), dialect=dialect), 1):
         if not row or not "".join(row).strip():
             continue
@@ -47,6 +47,8 @@ def read_groups(path: Path) -> dict[str, str]:
         task, group = (c.strip() for c in row)
         if line == 1 and task.lower() in ("task_id", "task", "id"):
             continue
+        if out.get(task, group) != group:
+            raise ValueError(f"{path}, line {line}: task {task!r} is already in group {out[task]!r}")
         out[task] = group
     if not out:
         raise ValueError(f"{path}: no task id -> group rows")
@@ -66,17 +68,68 @@ def _by_seed(runs: list[ArmResult], groups: dict[str, str], group: str) -> dict[
     return {r.seed: {t: s for t, s in r.test_per_task.items() if groups.get(t, UNGROUPED) == group} for r in runs}
 
 
-def group_cells(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed",
-                reps: int = 2000) -> tuple[list[str], dict[str, dict[str, GroupCell]]]:
-    """(the groups in order, arm -> group -> cell) over the arms that scored test tasks; `reference` None or absent:
-    no differences."""
+@dataclass(frozen=True)
+class GroupReport:
+    """Every arm's cells over the groups (in order), and the reference arm the differences are against (None:
+    accuracies only)."""
+
+    groups: list[str]
+    cells: dict[str, dict[str, GroupCell]]
+    reference: str | None
+
+    def table(self) -> Table:
+        """Test accuracy per arm and group (n = seed x task pairs); with the reference, the paired difference."""
+        title = "Test accuracy by task group" + (
+            f" (paired difference vs {self.reference}, 95% CI)" if self.reference else "")
+        table = Table(title=title)
+        table.add_column("arm")
+        for g in self.groups:
+            n = max((row[g].n for row in self.cells.values() if g in row), default=0)
+            table.add_column(f"{g} (n={n})", justify="right")
+        for arm, row in self.cells.items():
+            out = []
+            for g in self.groups:
+                cell = row.get(g)
+                if cell is None:
+                    out.append("–")
+                elif cell.difference is not None:
+                    out.append(f"{cell.accuracy:.3f}\n{cell.difference.text(signed=True)}")
+                else:
+                    out.append(f"{cell.accuracy:.3f}")
+            table.add_row(arm, *out)
+        return table
+
+    def to_dict(self) -> dict[str, object]:
+        """The table as data (written as groups.json beside the pooled results)."""
+        def cell(c: GroupCell) -> dict[str, object]:
+            d = c.difference
+            return {"accuracy": c.accuracy, "n": c.n, "difference": None if d is None else
+                    {"value": d.value, "low": d.low, "high": d.high, "n": d.n}}
+        return {"reference": self.reference, "groups": self.groups,
+                "arms": {arm: {g: cell(c) for g, c in row.items()} for arm, row in self.cells.items()}}
+
+
+def group_report(results: list[ArmResult], groups: dict[str, str], reference: str | None = None,
+                 reps: int = 2000) -> GroupReport:
+    """The arms that scored test tasks, per group. `reference`: the arm differences are taken against (None:
+    `fixed` when it ran, else none). ValueError when no test task is in the group file, or the named reference
+    arm has no test scores."""
     arms: dict[str, list[ArmResult]] = {}
     for r in results:
         if r.test_per_task:
             arms.setdefault(r.arm, []).append(r)
-    seen = {groups.get(t, UNGROUPED) for runs in arms.values() for r in runs for t in r.test_per_task}
+    tasks = {t for runs in arms.values() for r in runs for t in r.test_per_task}
+    if not tasks:
+        raise ValueError("no arm recorded per-task test scores: nothing to group")
+    if not tasks & set(groups):
+        raise ValueError(f"none of the {len(tasks)} test tasks is in the group file (ids such as "
+                         f"{sorted(tasks)[0]!r}; the file's such as {sorted(groups)[0]!r})")
+    if reference is not None and reference not in arms:
+        raise ValueError(f"--reference {reference!r} has no test scores here; arms: {', '.join(arms)}")
+    ref_name = reference or ("fixed" if "fixed" in arms else None)
+    seen = {groups.get(t, UNGROUPED) for t in tasks}
     names = sorted(seen - {UNGROUPED}) + ([UNGROUPED] if UNGROUPED in seen else [])
-    ref = arms.get(reference) if reference else None
+    ref = arms.get(ref_name) if ref_name else None
     cells: dict[str, dict[str, GroupCell]] = {}
     for arm, runs in arms.items():
         row = {}
@@ -85,43 +138,8 @@ def group_cells(results: list[ArmResult], groups: dict[str, str], reference: str
             if not scores:
                 continue
             diff = None
-            if ref is not None and arm != reference:
+            if ref is not None and arm != ref_name:
                 diff = paired_estimate(_by_seed(runs, groups, g), _by_seed(ref, groups, g), reps=reps)
             row[g] = GroupCell(sum(scores) / len(scores), len(scores), diff)
         cells[arm] = row
-    return names, cells
-
-
-def group_table(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed") -> Table:
-    """Test accuracy per arm and group (n = seed x task pairs); with the reference arm, its paired difference."""
-    names, cells = group_cells(results, groups, reference)
-    with_ref = reference in cells
-    title = "Test accuracy by task group" + (f" (paired difference vs {reference}, 95% CI)" if with_ref else "")
-    table = Table(title=title)
-    table.add_column("arm")
-    for g in names:
-        n = max((row[g].n for row in cells.values() if g in row), default=0)
-        table.add_column(f"{g} (n={n})", justify="right")
-    for arm, row in cells.items():
-        out = []
-        for g in names:
-            cell = row.get(g)
-            if cell is None:
-                out.append("–")
-            elif cell.difference is not None:
-                out.append(f"{cell.accuracy:.3f}\n{cell.difference.text(signed=True)}")
-            else:
-                out.append(f"{cell.accuracy:.3f}")
-        table.add_row(arm, *out)
-    return table
-
-
-def groups_json(results: list[ArmResult], groups: dict[str, str], reference: str | None = "fixed") -> dict:
-    """The table as data (written as groups.json beside the pooled results)."""
-    names, cells = group_cells(results, groups, reference)
-    def cell(c: GroupCell) -> dict:
-        d = c.difference
-        return {"accuracy": c.accuracy, "n": c.n, "difference": None if d is None else
-                {"value": d.value, "low": d.low, "high": d.high, "n": d.n}}
-    return {"reference": reference if reference in cells else None, "groups": names,
-            "arms": {arm: {g: cell(c) for g, c in row.items()} for arm, row in cells.items()}}
+    return GroupReport(names, cells, ref_name)

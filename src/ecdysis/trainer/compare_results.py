@@ -291,7 +291,7 @@ def summary_tables(results: list[ArmResult]) -> list[Table]:
 # ---- files ------------------------------------------------------------------------------------------------
 
 CURVE_FIELDS = ("arm", "seed", "step", "harness_id", "val_score", "train_score", "wall_s", "agent_executions",
-                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted", "charged_s")
+                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted", "charged_s", "taken")
 
 
 def curve_rows(results: list[ArmResult]) -> list[dict[str, object]]:

@@ -79,6 +79,22 @@ def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict
     return out
 
 
+def overall(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
+    """Per aggregation arm, the claim as registered: it must hold against `serial+library`, not only `serial`.
+    (arm, "holds" / "miss" / "not decided", why)."""
+    out = []
+    for arm in dict.fromkeys(v.arm for v in verdicts):
+        against = {v.against: v for v in verdicts if v.arm == arm}
+        missed = [ref for ref, v in against.items() if not v.holds]
+        if "serial+library" not in against:
+            out.append((arm, "not decided", "serial+library did not run"))
+        elif missed:
+            out.append((arm, "miss", f"misses against {', '.join(missed)}"))
+        else:
+            out.append((arm, "holds", f"holds against {', '.join(against)}"))
+    return out
+
+
 def factor_gains(factors: list[FactorRow], rule: Registration) -> dict[str, tuple[bool, str]]:
     """factor -> (shows a gain, why)."""
     out = {}
@@ -101,6 +117,8 @@ def verdict_table(verdicts: list[Verdict], gains: dict[str, tuple[bool, str]], r
         table.add_column(name)
     for v in verdicts:
         table.add_row(f"{v.arm} vs {v.against}", "holds" if v.holds else "miss", v.why)
+    for arm, outcome, why in overall(verdicts):
+        table.add_row(f"the claim, {arm}", outcome, why)
     for factor, (gain, why) in gains.items():
         table.add_row(f"factor: {factor}", "gain" if gain else "no gain", why)
     return table
