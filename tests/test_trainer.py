@@ -443,3 +443,28 @@ async def test_a_resumed_writer_repeats_the_calls_it_paid_for_though_the_budget_
     unpaid = await SpecWriter(store, "run", roles, spent=spent).write("k2", seed_with("gsm8k"), [other], passes=0,
                                                                      debate=False)
     assert unpaid.spec is None and unpaid.stopped == spent() and len(scripted.calls) == 1
+
+
+CODE_SPEC = {"patterns_addressed": ["P1"], "changes": [{"layer": "H2", "kind": "edit_code", "file": "action.py",
+             "text": "read a boxed answer too", "repair": "", "value": 0,
+             "rationale": "P1: the replies end in a boxed answer"}],
+             "skills": [], "implementation_notes": "", "expected_effect": "format failures disappear"}
+
+
+async def test_the_implementer_starts_no_sample_once_the_budget_is_spent(tmp_path: Path) -> None:
+    """The spec is written while budget is left; its code change would need implementer samples, but the
+    roles' call spent the budget: no sample is asked for, and the step is cut (not a rejection)."""
+    class Writes(Roles):  # every role answers with the spec: the single analyst writes it in one call
+        def __call__(self, messages: list[Message]) -> str:
+            super().__call__(messages)
+            return json.dumps(self.spec)
+
+    roles = Writes(spec=CODE_SPEC)
+    ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), DEBATE, "train.budget.optimizer_tokens=1",
+                 "train.debate_passes=0")
+    result = await train_async(ws.config, ws=ws, arm="aggregate")
+    assert len(roles.calls) == 1  # the spec's one call; the implementer was never asked
+    first = result.rounds[0]
+    assert first.reason.startswith("no candidate: budget spent: optimizer_tokens") and not first.decision_taken
+    assert result.decisions() == (0, 0) and result.final_harness_id == result.seed_harness_id
+    assert result.stop_reason.startswith("budget spent: optimizer_tokens")

@@ -178,6 +178,8 @@ class Engine(TrainContext):
         if replaced and versions:
             self.view.note(f"the {'spec above' if spec else 'roles'} gave no new candidate that runs; validating "
                            f"the library's {out.library} instead")
+        if not versions and candidate.stopped:  # the budget stopped the implementer: nothing to decide
+            return StepOutcome(tried=out.tried, reason=f"no candidate: {candidate.error}", taken=False)
         if not versions:
             out.reason = (f"nothing new to try: the candidate {candidate.harness} and its variants were already "
                           "validated and rejected in this run" if candidate.harness
@@ -239,11 +241,15 @@ class Engine(TrainContext):
     async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                      patterns: list[Pattern]) -> CandidateRecord:
         implementer, current = self.implementer(), ev.current
+        implementer.spent = lambda: self.budget.exhausted(self.spend())
+        implementer.paid = lambda request_key: self.store.paid_role_call(self.run_id, request_key)
 
         async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate
             return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories))
 
         built = await build(spec, "implement") if spec is not None else None
+        if built is not None and built.stopped:  # the budget is spent: no fallback, no variant
+            return CandidateRecord(error=built.error, attempts=built.attempts, source=source, stopped=built.stopped)
         used, rejected = spec, self.history.rejected_candidates()
         weak = built is not None and built.version is not None and (
             built.version.id in rejected or changes_nothing(current, built))
@@ -252,6 +258,11 @@ class Engine(TrainContext):
                 if self.rebuilds_rejected(fallback, ev):  # known without building (and replaying) it
                     continue
                 attempt = await build(fallback, "implement")
+                if attempt.stopped:  # nothing new built before the budget ran out: the step is not taken
+                    if built is None or built.version is None:
+                        return CandidateRecord(error=attempt.error, attempts=attempt.attempts, source=source,
+                                               stopped=attempt.stopped)
+                    break
                 if attempt.version is not None and attempt.version.id not in rejected:
                     built, used = attempt, fallback
                     source = f"library: {fallback.changes[0].kind}"
@@ -270,6 +281,8 @@ class Engine(TrainContext):
             if not self.method.candidates.variants and not all(c in used.changes for c in variant_spec.changes):
                 continue  # a baseline validates only parts of its own spec
             sub = await build(variant_spec, "variants")
+            if sub.stopped:  # the whole spec's candidate stands; its variants are cut
+                break
             seen = {current.id, built.version.id, *record.variants.values(), *rejected}
             if sub.version is not None and sub.version.id not in seen:
                 self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} {name}")

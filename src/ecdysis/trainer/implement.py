@@ -19,6 +19,7 @@ import os
 import shlex
 import signal
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from ..models.cache import MeteredModel
 from ..sandbox.confine import bwrap_path, confine_tool_argv
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
-from .fdcr import render
+from .fdcr import BudgetSpent, render
 from .lever_catalog import LEVERS, Draft, edits_only_h2
 from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
@@ -57,6 +58,15 @@ class Candidate:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     replay: ReplayReport | None = None
     error: str = ""
+    stopped: str = ""  # the budget's stop reason when the budget stopped the implementer (then no version)
+
+
+def _unlimited() -> str | None:
+    return None
+
+
+def _unpaid(request_key: str) -> bool:
+    return False
 
 
 def apply_structured(current: HarnessVersion, spec: HarnessSpec, trajectories: list[Trajectory],
@@ -166,6 +176,8 @@ class Implementer:
     attempts: int = 4
     external: ExternalCommand | None = None
     rerun: EpisodeRerun | None = None  # exact replay of tool/multi-turn episodes (`rerun.runner_rerun`)
+    spent: Callable[[], str | None] = _unlimited  # the budget's stop reason (None while money is left)
+    paid: Callable[[str], bool] = _unpaid  # whether the run already paid for a request (then it is free)
 
     async def _rewrite(self, files: dict[str, str], change: Change, examples: list[str], error: str,
                        sample: int) -> str:
@@ -176,7 +188,10 @@ class Implementer:
                         error=f"\nYOUR PREVIOUS VERSION FAILED A CHECK: {error}\n" if error else "")
         params = GenerationParams(temperature=0.0 if sample == 0 else 0.8, max_tokens=900,
                                   json_schema=CONTENT_SCHEMA, sample_index=sample)
-        response = await self.model.chat(ChatRequest(messages=[Message(role="user", content=prompt)], params=params))
+        request = ChatRequest(messages=[Message(role="user", content=prompt)], params=params)
+        if (stop := self.spent()) is not None and not self.paid(self.model.request_key(request)):
+            raise BudgetSpent(stop)  # no new sample once the budget is spent (as for the other roles)
+        response = await self.model.chat(request)
         return reply_content(response.text)
 
     async def _external(self, current: HarnessVersion, spec: HarnessSpec) -> dict[str, str]:
@@ -236,6 +251,9 @@ class Implementer:
                 candidate.version = version
                 candidate.attempts.append({"sample": sample, "ok": True,
                                            "replay": candidate.replay.to_dict() if candidate.replay else None})
+                return candidate
+            except BudgetSpent as spent:
+                candidate.stopped, candidate.error = str(spent), f"{spent} before sample {sample}"
                 return candidate
             except (CheckFailed, ValueError, KeyError) as exc:
                 error = str(exc)

@@ -134,6 +134,7 @@ class CandidateRecord(Record):
     replay: dict[str, Any] | None = None
     variants: dict[str, str] = Field(default_factory=dict)
     source: str = "roles"
+    stopped: str = ""  # the budget stopped the implementer before the whole spec's candidate was built
 
 
 class SpecRecord(Record):
