@@ -6,6 +6,7 @@ import json
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with, write_seed
@@ -468,3 +469,53 @@ async def test_the_implementer_starts_no_sample_once_the_budget_is_spent(tmp_pat
     assert first.reason.startswith("no candidate: budget spent: optimizer_tokens") and not first.decision_taken
     assert result.decisions() == (0, 0) and result.final_harness_id == result.seed_harness_id
     assert result.stop_reason.startswith("budget spent: optimizer_tokens")
+
+
+BOXED_ACTION = ('import re\nfrom ecdysis.harness.api import Action, ActionContext, Reject, answer\n'
+                'BOXED = re.compile(r"boxed\\{(-?\\d+)\\}")\n'
+                'def realize(reply: str, ctx: ActionContext) -> Action | Reject:\n'
+                '    found = BOXED.findall(reply)\n'
+                '    if found:\n        return answer(found[-1])\n'
+                '    return Reject("End with boxed", rule="answer-format")\n')
+
+
+async def test_a_run_killed_inside_a_step_after_the_budget_ran_out_resumes_as_it_would_have_gone_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spec call leaves budget, the implementer's sample spends it. Uninterrupted, the step goes on (an H2
+    candidate is decided on exact replays, no new episode). Killed after the sample was paid, the resumed run
+    must not stop at the round's start because the budget is now spent: it finishes the started step alike."""
+    import ecdysis.trainer.implement as implement
+
+    class Code(Roles):
+        def __call__(self, messages: list[Message]) -> str:
+            super().__call__(messages)
+            wants_code = "must define realize" in messages[-1].content
+            return json.dumps({"content": BOXED_ACTION}) if wants_code else json.dumps(self.spec)
+
+    async def run(where: str, *overrides: str) -> Any:
+        ws = make_ws(tmp_path / where, Code(spec=CODE_SPEC), ScriptedModel(add_answer, name="adder"), DEBATE,
+                     "train.debate_passes=0", *overrides)
+        return ws, await train_async(ws.config, ws=ws, arm="aggregate")
+
+    (tmp_path / "probe").mkdir()
+    ws, probe = await run("probe", "train.rounds=1")
+    first_call = ws.store._rows("SELECT prompt_tokens + completion_tokens AS t FROM model_calls WHERE run_id=? AND "
+                                "eval_id IS NULL ORDER BY id LIMIT 1", (probe.run_id,))[0]["t"]
+    budget = f"train.budget.optimizer_tokens={first_call + 1}"  # left after the spec call, spent after a sample
+    (tmp_path / "straight").mkdir()
+    _, straight = await run("straight", budget)
+    assert straight.rounds[0].accepted  # decided on replays after the budget ran out
+
+    checked = implement.check_static
+
+    def killed(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt("killed after the implementer's sample was paid")
+
+    (tmp_path / "killed").mkdir()
+    monkeypatch.setattr(implement, "check_static", killed)
+    with pytest.raises(KeyboardInterrupt):
+        await run("killed", budget)
+    monkeypatch.setattr(implement, "check_static", checked)
+    _, resumed = await run("killed", budget)
+    assert [(r.accepted, r.reason) for r in resumed.rounds] == [(r.accepted, r.reason) for r in straight.rounds]
+    assert resumed.final_harness_id == straight.final_harness_id

@@ -112,6 +112,14 @@ class Engine(TrainContext):
             optimizer_tokens=s.optimizer_tokens, accepted=accepted, charged_s=s.charged_s, taken=taken))
         self.store.put_record(self.run_id, "curve-of", decision_key, step)
 
+    def started(self, key: str) -> bool:
+        """Whether a round or step was started (a resumed run finishes it as the uninterrupted run would: the
+        budget is checked inside it, and what it already paid for is free)."""
+        return self.store.get_record(self.run_id, "started", key) is not None
+
+    def start(self, key: str) -> None:
+        self.store.put_record(self.run_id, "started", key, True)
+
     def curve(self) -> list[CurvePoint]:
         return sorted((p for _, p in records.load_all(self.store, self.run_id, CurvePoint)), key=lambda p: p.step)
 
@@ -132,9 +140,10 @@ class Engine(TrainContext):
         for r in range(1, self.cfg.train.rounds + 1):
             record = records.load(self.store, self.run_id, RoundRecord, f"r{r}")
             if record is None:
-                if (spent := self.budget.exhausted(self.spend())) is not None:
+                if not self.started(f"r{r}") and (spent := self.budget.exhausted(self.spend())) is not None:
                     stop = spent
                     break
+                self.start(f"r{r}")
                 record = await self.schedule.round(self, r, current)
                 records.put(self.store, self.run_id, f"r{r}", record)
             rounds.append(record)
@@ -248,7 +257,7 @@ class Engine(TrainContext):
             return await self._timed(f"{key}/{what}", lambda: implementer.build(current, s, ev.trajectories))
 
         built = await build(spec, "implement") if spec is not None else None
-        if built is not None and built.stopped:  # the budget is spent: no fallback, no variant
+        if built is not None and built.stopped:  # the budget stopped the implementer: the step is cut
             return CandidateRecord(error=built.error, attempts=built.attempts, source=source, stopped=built.stopped)
         used, rejected = spec, self.history.rejected_candidates()
         weak = built is not None and built.version is not None and (
@@ -257,12 +266,7 @@ class Engine(TrainContext):
             for fallback in library_fallback_specs(patterns):  # no new try: a rejected harness, or a no-op
                 if self.rebuilds_rejected(fallback, ev):  # known without building (and replaying) it
                     continue
-                attempt = await build(fallback, "implement")
-                if attempt.stopped:  # nothing new built before the budget ran out: the step is not taken
-                    if built is None or built.version is None:
-                        return CandidateRecord(error=attempt.error, attempts=attempt.attempts, source=source,
-                                               stopped=attempt.stopped)
-                    break
+                attempt = await build(fallback, "implement")  # the library's levers: no implementer call
                 if attempt.version is not None and attempt.version.id not in rejected:
                     built, used = attempt, fallback
                     source = f"library: {fallback.changes[0].kind}"
@@ -281,8 +285,6 @@ class Engine(TrainContext):
             if not self.method.candidates.variants and not all(c in used.changes for c in variant_spec.changes):
                 continue  # a baseline validates only parts of its own spec
             sub = await build(variant_spec, "variants")
-            if sub.stopped:  # the whole spec's candidate stands; its variants are cut
-                break
             seen = {current.id, built.version.id, *record.variants.values(), *rejected}
             if sub.version is not None and sub.version.id not in seen:
                 self.store.save_version(sub.version, parent=current.id, note=f"{self.arm} {key} {name}")

@@ -49,7 +49,8 @@ class StepHistory:
     def rejected_specs(self, r: int) -> set[str]:
         """Summaries of the specs the run had rejected: in rounds 1 .. r-1, and in per-failure steps."""
         rounds = {HarnessSpec.model_validate(spec.spec).summary() for _, decision, spec in self._earlier_rounds(r)
-                  if decision is not None and not decision.accepted and spec is not None and spec.spec is not None}
+                  if decision is not None and not decision.accepted and decision.decision_taken and spec is not None
+                  and spec.spec is not None}
         return rounds | {e.tried for _, e in self._edits() if e.tried and not e.accepted and e.decision_taken}
 
     def rejected_candidates(self) -> set[str]:

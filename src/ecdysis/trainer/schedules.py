@@ -69,6 +69,10 @@ class Loop(Protocol):
 
     def point(self, decision_key: str, current: HarnessVersion, accepted: bool, taken: bool = True) -> None: ...
 
+    def started(self, key: str) -> bool: ...
+
+    def start(self, key: str) -> None: ...
+
 
 def incomplete(loop: Loop, measured: Measured) -> str:
     return loop.budget.exhausted(loop.spend()) or measured.stopped or "evaluation incomplete"
@@ -135,10 +139,11 @@ class PerFailureSchedule(Schedule):
                     record.stop = f"serial_max_edits ({cap}) reached"
                 elif not ev.collect.complete:
                     record.stop = incomplete(loop, ev.collect)
-                elif (spent := loop.budget.exhausted(loop.spend())) is not None:
+                elif not loop.started(edit_key) and (spent := loop.budget.exhausted(loop.spend())) is not None:
                     record.stop = spent
                 if record.stop is not None or not targets:
                     break
+                loop.start(edit_key)
                 done = await self._edit(loop, edit_key, ev, targets[0])
                 records.put(loop.store, loop.run_id, edit_key, done)
             record.edits.append(done)
