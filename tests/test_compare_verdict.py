@@ -101,3 +101,17 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
         (tmp_path / "bad.toml").write_text(f"target = 0.5\n{bad}\n")
         with pytest.raises(ValueError, match="min_speedup must be a number > 0"):
             Registration.read(tmp_path / "bad.toml")
+
+
+def test_show_names_what_each_round_decided() -> None:
+    """`ecdysis show`'s rounds table: a validation cut short is undecided, never shown as a rejection."""
+    from ecdysis.cli.views import round_verdict
+    from ecdysis.trainer.records import RoundRecord
+
+    base = {"round": 1, "harness_before": "h0", "harness_after": "h0", "train_score": 0.5}
+    assert round_verdict(RoundRecord(**base | {"harness_after": "h1"}, candidate="h1", accepted=True)) == "accepted"
+    assert round_verdict(RoundRecord(**base, candidate="h1")) == "rejected"
+    cut = RoundRecord(**base, candidate="h1", decision_taken=False, stop="budget spent: wall_s 3610/3600")
+    assert round_verdict(cut) == "undecided"
+    assert round_verdict(RoundRecord(**base, stop="budget spent: wall_s 3610/3600")) == "stop"
+    assert round_verdict(RoundRecord(**base)) == "no candidate"

@@ -96,6 +96,9 @@ def train_summary(console: Console, r: Any) -> None:
     console.print(table)
 
 
+VERDICT_STYLE = {"accepted": "green", "rejected": "red"}  # undecided, stop, no candidate: yellow
+
+
 def round_verdict(rec: Any) -> str:
     """What a round (a `RoundRecord`) decided: accepted, rejected (a candidate was validated and lost), undecided
     (its evaluation was cut short), stop (it ended training before building a candidate) or no candidate."""
@@ -283,7 +286,8 @@ def training_overview(console: Console, run: Any) -> None:
         rounds.add_column(col)
     for r in run.rounds:
         rec = r.record
-        verdict = "[green]accepted[/]" if rec.accepted else ("[yellow]stop[/]" if rec.stop else "[red]rejected[/]")
+        said = round_verdict(rec)
+        verdict = f"[{VERDICT_STYLE.get(said, 'yellow')}]{said}[/]"
         candidate = (f"{rec.candidate[:8]} {fmt(rec.candidate_score)} on {rec.decided_on}" if rec.candidate
                      else "–")
         rounds.add_row(str(rec.round), fmt(rec.train_score), f"{len(r.patterns)} ({rec.recurring})", candidate,
