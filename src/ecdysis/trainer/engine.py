@@ -73,9 +73,6 @@ class Engine(TrainContext):
         self.history = StepHistory(self.store, run_id)
         t, e = self.cfg.train, self.cfg.train.engine
         self.budget = Budget(t.budget.agent_executions, t.budget.optimizer_tokens, t.budget.wall_s)
-        writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles,
-                            spent=lambda: self.budget.exhausted(self.spend()))
-        self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history)
         self.rule = make_rule(t)
         batches = {self.accept_split: e.eval_batch or 4 * self.cfg.run.concurrency} if e.early_stop else {}
         if e.screen_batch:
@@ -83,6 +80,8 @@ class Engine(TrainContext):
         val = self.val_tasks or (self.ws.tasks("val", t.val_limit) if t.accept_on == "train" else [])
         self.evaluator = Evaluator(self.store, run_id, self.runner, {"train": self.train_tasks, "val": val},
                                    t.train_trials, batches, self.budget, self.spend)
+        writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles, spent=self.evaluator.spent)
+        self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history)
 
     # accounting -------------------------------------------------------------------------------------------
     def spend(self) -> Spend:
@@ -140,7 +139,7 @@ class Engine(TrainContext):
         for r in range(1, self.cfg.train.rounds + 1):
             record = records.load(self.store, self.run_id, RoundRecord, f"r{r}")
             if record is None:
-                if not self.started(f"r{r}") and (spent := self.budget.exhausted(self.spend())) is not None:
+                if not self.started(f"r{r}") and (spent := self.evaluator.spent()) is not None:
                     stop = spent
                     break
                 self.start(f"r{r}")
@@ -250,7 +249,7 @@ class Engine(TrainContext):
     async def _build(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                      patterns: list[Pattern]) -> CandidateRecord:
         implementer, current = self.implementer(), ev.current
-        implementer.spent = lambda: self.budget.exhausted(self.spend())
+        implementer.spent = self.evaluator.spent
         implementer.paid = lambda request_key: self.store.paid_role_call(self.run_id, request_key)
 
         async def build(s: HarnessSpec, what: str):  # noqa: ANN202 - implement.Candidate

@@ -176,8 +176,17 @@ class BudgetSpent(Exception):
     """The budget is spent: a role call the run has not paid for yet is not made."""
 
 
-def _unlimited() -> str | None:
+def unlimited() -> str | None:
+    """A budget that is never spent (the default of the roles' `spent`)."""
     return None
+
+
+def check_budget(spent: Callable[[], str | None], paid: Callable[[str], bool], model: MeteredModel,
+                 request: ChatRequest) -> None:
+    """BudgetSpent when the budget is spent (`spent` says why) and the run has not paid for this request yet;
+    a request it already paid for is free and always made (a resumed run decides as the uninterrupted one)."""
+    if (stop := spent()) is not None and not paid(model.request_key(request)):
+        raise BudgetSpent(stop)
 
 
 @dataclass
@@ -192,7 +201,7 @@ class SpecWriter:
     run_id: str
     roles: dict[str, MeteredModel]
     settings: RolesSection = field(default_factory=RolesSection)
-    spent: Callable[[], str | None] = _unlimited
+    spent: Callable[[], str | None] = unlimited
 
     async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
                    history: list[Message] | None = None) -> tuple[str, str]:
@@ -201,9 +210,7 @@ class SpecWriter:
         limit = self.settings.spec_max_tokens if schema else self.settings.max_tokens
         params = GenerationParams(temperature=self.settings.temperature, max_tokens=limit, json_schema=schema)
         request, model = ChatRequest(messages=messages, params=params), self.roles[role]
-        if (stop := self.spent()) is not None and not self.store.paid_role_call(self.run_id,
-                                                                                model.request_key(request)):
-            raise BudgetSpent(stop)
+        check_budget(self.spent, lambda key: self.store.paid_role_call(self.run_id, key), model, request)
         response = await model.chat(request)
         return response.text, response.finish_reason
 

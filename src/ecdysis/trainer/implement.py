@@ -35,7 +35,7 @@ from ..models.cache import MeteredModel
 from ..sandbox.confine import bwrap_path, confine_tool_argv
 from ..sandbox.host import SandboxLimits
 from .checks import CheckFailed, ReplayReport, check_replay, check_static
-from .fdcr import BudgetSpent, render
+from .fdcr import BudgetSpent, check_budget, render, unlimited
 from .lever_catalog import LEVERS, Draft, edits_only_h2
 from .rerun import EpisodeRerun
 from .spec import Change, HarnessSpec
@@ -59,10 +59,6 @@ class Candidate:
     replay: ReplayReport | None = None
     error: str = ""
     stopped: str = ""  # the budget's stop reason when the budget stopped the implementer (then no version)
-
-
-def _unlimited() -> str | None:
-    return None
 
 
 def _unpaid(request_key: str) -> bool:
@@ -176,7 +172,7 @@ class Implementer:
     attempts: int = 4
     external: ExternalCommand | None = None
     rerun: EpisodeRerun | None = None  # exact replay of tool/multi-turn episodes (`rerun.runner_rerun`)
-    spent: Callable[[], str | None] = _unlimited  # the budget's stop reason (None while money is left)
+    spent: Callable[[], str | None] = unlimited  # the budget's stop reason (None while money is left)
     paid: Callable[[str], bool] = _unpaid  # whether the run already paid for a request (then it is free)
 
     async def _rewrite(self, files: dict[str, str], change: Change, examples: list[str], error: str,
@@ -189,8 +185,7 @@ class Implementer:
         params = GenerationParams(temperature=0.0 if sample == 0 else 0.8, max_tokens=900,
                                   json_schema=CONTENT_SCHEMA, sample_index=sample)
         request = ChatRequest(messages=[Message(role="user", content=prompt)], params=params)
-        if (stop := self.spent()) is not None and not self.paid(self.model.request_key(request)):
-            raise BudgetSpent(stop)  # no new sample once the budget is spent (as for the other roles)
+        check_budget(self.spent, self.paid, self.model, request)  # no new sample once the budget is spent
         response = await self.model.chat(request)
         return reply_content(response.text)
 
