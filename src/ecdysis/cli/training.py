@@ -148,7 +148,7 @@ def compare_summary(
     from ..trainer.compare_factorial import Registration, factorial_report
     from ..trainer.compare_groups import group_report, read_groups
     from ..trainer.compare_results import pool_results, write_results
-    from ..trainer.compare_verdict import overall, verdict_table, verdicts
+    from ..trainer.compare_verdict import verdicts
 
     try:
         pooled = pool_results(results)
@@ -166,12 +166,10 @@ def compare_summary(
         for extra in (report.factor_table(), report.time_table()):
             if extra is not None:
                 console.print(extra)
-        claim, gains = verdicts(report)
-        if claim or gains:
-            console.print(verdict_table(claim, gains, report.registration))
-        decided = {"verdicts": [v.to_dict() for v in claim],
-                   "claim": {arm: {"outcome": outcome, "why": why} for arm, outcome, why in overall(claim)},
-                   "factor_gains": {f: {"gain": g, "why": why} for f, (g, why) in gains.items()}}
+        decided_by_rules = verdicts(report)
+        if decided_by_rules:
+            console.print(decided_by_rules.table())
+        decided = decided_by_rules.to_dict()
     if by_group is not None:
         console.print(by_group.table())
     if out is not None:

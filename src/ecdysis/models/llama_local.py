@@ -18,6 +18,7 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import functools
 import os
 import threading
 import time
@@ -99,9 +100,7 @@ class GenerationCancelled(Exception):
     """The caller stopped waiting (its task was cancelled, e.g. by Ctrl-C): the generation stopped early."""
 
 
-_CANCELLABLE: type | None = None
-
-
+@functools.cache
 def _cancellable_llama(llama_cpp: Any) -> type:
     """`llama_cpp.Llama` whose work stops at its next step once `cancel` (a threading.Event) is set.
 
@@ -110,21 +109,18 @@ def _cancellable_llama(llama_cpp: Any) -> type:
     seconds of prompt, one token of generation) instead of running it to the end while the interrupted command
     waits at exit for the llama.cpp thread. The chunks are the ones `Llama.eval` makes itself, so what is
     computed, and the context's tokens after it, are the same."""
-    global _CANCELLABLE
-    if _CANCELLABLE is None:
-        class CancellableLlama(llama_cpp.Llama):  # type: ignore[misc,name-defined]
-            cancel: threading.Event | None = None
+    class CancellableLlama(llama_cpp.Llama):  # type: ignore[misc,name-defined]
+        cancel: threading.Event | None = None
 
-            def eval(self, tokens: Any) -> None:
-                if len(tokens) == 0:
-                    return super().eval(tokens)  # exactly the base call (it clears the cache past n_tokens)
-                for i in range(0, len(tokens), self.n_batch):
-                    if self.cancel is not None and self.cancel.is_set():
-                        raise GenerationCancelled(f"cancelled after {self.n_tokens} tokens in the context")
-                    super().eval(tokens[i: i + self.n_batch])
+        def eval(self, tokens: Any) -> None:
+            if len(tokens) == 0:
+                return super().eval(tokens)  # exactly the base call (it clears the cache past n_tokens)
+            for i in range(0, len(tokens), self.n_batch):
+                if self.cancel is not None and self.cancel.is_set():
+                    raise GenerationCancelled(f"cancelled after {self.n_tokens} tokens in the context")
+                super().eval(tokens[i: i + self.n_batch])
 
-        _CANCELLABLE = CancellableLlama
-    return _CANCELLABLE
+    return CancellableLlama
 
 
 def _key(path: Path, n_ctx: int, instance: str) -> tuple[str, int, str]:

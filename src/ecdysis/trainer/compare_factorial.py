@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from rich.table import Table
@@ -60,11 +60,9 @@ class Registration:
         registered = cls.read(path) if path is not None else None
         if target is None and registered is None:
             return None
-        plan = cls(target if target is not None else registered.target,  # type: ignore[union-attr]
-                   budget_s if budget_s is not None else registered.budget_s if registered else None)
-        if registered is not None:
-            plan = cls(plan.target, plan.budget_s, registered.min_speedup, registered.test_margin)
-        return plan
+        base = registered if registered is not None else cls(target)  # type: ignore[arg-type]
+        return replace(base, target=target if target is not None else base.target,
+                       budget_s=budget_s if budget_s is not None else base.budget_s)
 
     @classmethod
     def read(cls, path: Path) -> Registration:

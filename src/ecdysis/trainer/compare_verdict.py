@@ -18,11 +18,10 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
-from .compare_factorial import FactorialReport, FactorialRow, FactorRow, Registration, _cell
+from .compare_factorial import REFERENCES, FactorialReport, FactorialRow, FactorRow, Registration, _cell
 from .compare_stats import Estimate
 
-AGGREGATION_ARMS = ("aggregate", "ecdysis")
-PER_FAILURE_ARMS = ("serial", "serial+library")
+AGGREGATION_ARMS = ("aggregate", "ecdysis")  # judged against each per-failure arm of `REFERENCES`
 
 
 @dataclass(frozen=True)
@@ -42,12 +41,15 @@ def _above(e: Estimate | None, bound: float) -> bool:
     return e is not None and e.low is not None and e.low > bound
 
 
+def _low(e: Estimate, fmt: str) -> str:
+    return "no interval" if e.low is None else f"lower bound {e.low:{fmt}}"
+
+
 def _unmet_test(test: Estimate | None, margin: float) -> str | None:
     if test is None:
         return "no paired test difference"
     if not _above(test, -margin):
-        low = "no interval" if test.low is None else f"lower bound {test.low:+.3f}"
-        return f"test difference not shown above -{margin:g} ({low})"
+        return f"test difference not shown above -{margin:g} ({_low(test, '+.3f')})"
     return None
 
 
@@ -59,7 +61,7 @@ def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict
         row = by_arm.get(arm)
         if row is None:
             continue
-        for ref in PER_FAILURE_ARMS:
+        for ref in REFERENCES:
             if ref not in by_arm:
                 continue
             speed, test = (row.speedup_vs or {}).get(ref), (row.test_vs or {}).get(ref)
@@ -70,8 +72,7 @@ def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict
                 if speed.value < rule.min_speedup:
                     unmet.append(f"speed-up {speed.value:.2f} < {rule.min_speedup:g}")
                 if not _above(speed, 1.0):
-                    low = "no interval" if speed.low is None else f"lower bound {speed.low:.2f}"
-                    unmet.append(f"speed-up not shown above 1 ({low})")
+                    unmet.append(f"speed-up not shown above 1 ({_low(speed, '.2f')})")
             if (why := _unmet_test(test, rule.test_margin)) is not None:
                 unmet.append(why)
             met = f"speed-up {_cell(speed, 2)}, test {_cell(test, signed=True)}"
@@ -109,21 +110,43 @@ def factor_gains(factors: list[FactorRow], rule: Registration) -> dict[str, tupl
     return out
 
 
-def verdict_table(verdicts: list[Verdict], gains: dict[str, tuple[bool, str]], rule: Registration) -> Table:
-    """The claim's verdict per pair of arms, then each factor's gain, as the registration's rules decide."""
-    table = Table(title=f"The registered rules: the claim holds at speed-up >= {rule.min_speedup:g} with its "
-                        f"interval above 1 and the test difference's above -{rule.test_margin:g}")
-    for name in ("contrast", "verdict", "why"):
-        table.add_column(name)
-    for v in verdicts:
-        table.add_row(f"{v.arm} vs {v.against}", "holds" if v.holds else "miss", v.why)
-    for arm, outcome, why in overall(verdicts):
-        table.add_row(f"the claim, {arm}", outcome, why)
-    for factor, (gain, why) in gains.items():
-        table.add_row(f"factor: {factor}", "gain" if gain else "no gain", why)
-    return table
+@dataclass(frozen=True)
+class Verdicts:
+    """What the registration's rules decide on a factorial report: each contrast, the claim per aggregation
+    arm (`overall`) and each factor's gain."""
+
+    rule: Registration
+    contrasts: list[Verdict]
+    claim: list[tuple[str, str, str]]  # (arm, "holds" / "miss" / "not decided", why)
+    gains: dict[str, tuple[bool, str]]  # factor -> (shows a gain, why)
+
+    def __bool__(self) -> bool:
+        return bool(self.contrasts or self.gains)
+
+    def table(self) -> Table:
+        """The claim's verdict per pair of arms, then per aggregation arm, then each factor's gain."""
+        rule = self.rule
+        table = Table(title=f"The registered rules: the claim holds at speed-up >= {rule.min_speedup:g} with its "
+                            f"interval above 1 and the test difference's above -{rule.test_margin:g}")
+        for name in ("contrast", "verdict", "why"):
+            table.add_column(name)
+        for v in self.contrasts:
+            table.add_row(f"{v.arm} vs {v.against}", "holds" if v.holds else "miss", v.why)
+        for arm, outcome, why in self.claim:
+            table.add_row(f"the claim, {arm}", outcome, why)
+        for factor, (gain, why) in self.gains.items():
+            table.add_row(f"factor: {factor}", "gain" if gain else "no gain", why)
+        return table
+
+    def to_dict(self) -> dict[str, object]:
+        """The verdicts as `factorial.json` keeps them."""
+        return {"verdicts": [v.to_dict() for v in self.contrasts],
+                "claim": {arm: {"outcome": outcome, "why": why} for arm, outcome, why in self.claim},
+                "factor_gains": {f: {"gain": g, "why": why} for f, (g, why) in self.gains.items()}}
 
 
-def verdicts(report: FactorialReport) -> tuple[list[Verdict], dict[str, tuple[bool, str]]]:
-    """The claim's verdicts and the factors' gains of a factorial report, under its registration's rules."""
-    return claim_verdicts(report.rows, report.registration), factor_gains(report.factors, report.registration)
+def verdicts(report: FactorialReport) -> Verdicts:
+    """The registration's rules applied to a factorial report."""
+    contrasts = claim_verdicts(report.rows, report.registration)
+    return Verdicts(report.registration, contrasts, overall(contrasts),
+                    factor_gains(report.factors, report.registration))
