@@ -75,6 +75,9 @@ async def test_http_backend_against_real_llama_server(llama_server: tuple[subpro
     assert all(r.text.strip() for r in batch)
     structured = await model.chat(req("Where is the Colosseum? Reply in JSON.", max_tokens=60, json_schema=SCHEMA))
     assert {"city", "country"} <= set(json.loads(structured.text))
+    sampled = req("Write one sentence about the sea.", temperature=1.0)
+    first, _, again = [(await model.chat(r)).text for r in (sampled, req("Name a bird.", temperature=1.0), sampled)]
+    assert first == again  # seeded from the request (sample_index), not from the server's previous call
 
 
 async def test_server_stopped_midway_gives_bounded_retries_then_clear_error(
@@ -240,3 +243,19 @@ async def test_a_cancelled_call_stops_its_generation_at_the_next_step(smollm_pat
     assert llm.n_tokens <= at_cancel + 8  # stopped within a step or so (the old code: 120 more, to its end)
     after = await model.chat(req("Name a fruit.", max_tokens=8))
     assert after.text.strip() and after.usage.completion_tokens > 0
+
+
+async def test_a_sampled_reply_depends_only_on_its_request(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    # temperature 1: unseeded, llama-cpp-python chains each call's seed from the call before it
+    asked = req("Write one sentence about the sea.", temperature=1.0)
+    model = LlamaCppModel("smollm2-135m", n_ctx=1024, instance="seeded-a")
+    first = (await model.chat(asked)).text
+    await model.chat(req("Write one sentence about a mountain.", temperature=1.0))
+    again = (await model.chat(asked)).text
+    fresh = (await LlamaCppModel("smollm2-135m", n_ctx=1024, instance="seeded-b").chat(asked)).text
+    assert first == again == fresh  # the same request, after other calls or in a new process: the same sample
+    other = {(await model.chat(req("Write one sentence about the sea.", temperature=1.0, sample_index=i))).text
+             for i in (1, 2, 3)}
+    assert len(other | {first}) > 1  # a deliberate resample (sample_index) still samples anew

@@ -257,8 +257,10 @@ class LlamaCppModel:
         }
         if p.stop:
             kwargs["stop"] = p.stop
-        if p.seed is not None or p.sample_index:
-            kwargs["seed"] = (p.seed or 0) + p.sample_index
+        # Every call seeded from its own request: an unseeded llama-cpp-python call draws its seed from the
+        # previous call's, so a sampled reply would depend on every call the process made before it (a resumed
+        # run, a cache hit or another interleaving would sample differently from the uninterrupted run).
+        kwargs["seed"] = (p.seed or 0) + p.sample_index
         if p.json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
         if forced is not None:  # a call is required: the schema of one call, grammar-constrained
