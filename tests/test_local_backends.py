@@ -259,3 +259,15 @@ async def test_a_sampled_reply_depends_only_on_its_request(smollm_path: Path) ->
     other = {(await model.chat(req("Write one sentence about the sea.", temperature=1.0, sample_index=i))).text
              for i in (1, 2, 3)}
     assert len(other | {first}) > 1  # a deliberate resample (sample_index) still samples anew
+
+
+async def test_a_prompt_longer_than_the_context_says_which_setting_to_raise(smollm_path: Path) -> None:
+    from ecdysis.models.llama_local import LlamaCppModel
+
+    model = LlamaCppModel("smollm2-135m", n_ctx=256, instance="small-window")
+    await model.chat(req("Hi."))  # loaded
+    with pytest.raises(ModelError) as caught:
+        await model.chat(req("word " * 400))
+    message = str(caught.value)
+    assert "context window of 256" in message
+    assert "model_settings.\"local:smollm2-135m\".n_ctx=512" in message and "trained on 8192" in message

@@ -283,6 +283,21 @@ class LlamaCppModel:
             prompt = list(llm._input_ids)[: (out.get("usage") or {}).get("prompt_tokens", 0)]
             return out, seconds, reused_prefix(before, prompt)
 
+    def failure(self, exc: ValueError) -> str:
+        """A failed call's message; a prompt (plus the reply's `max_tokens`) longer than the context window
+        names the setting that gives the model more, and the most it was trained on."""
+        if "context window" not in str(exc):
+            return f"{self.name}: {exc}"
+        loaded = _LOADED.get(_key(self.path, self.n_ctx, self.instance))
+        trained = loaded.llm._model.n_ctx_train() if loaded is not None else 0
+        larger = min(2 * self.n_ctx, trained) if trained > self.n_ctx else 0
+        fix = (f"give it a larger window, e.g. --set 'model_settings.\"local:{self.name}\".n_ctx={larger}' "
+               f"(it was trained on {trained} tokens), or " if larger else
+               f"this model was trained on {trained or self.n_ctx} tokens at most: ")
+        return (f"{self.name}: {exc}. The prompt does not fit the model's context window: {fix}use a model with a "
+                "longer one for this role (--roles-model) or a lower max_tokens; then run the same command again "
+                "(the calls already made are served from the response cache)")
+
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
         constrained = under_grammar(request.params)  # a grammar, as _generate sets
@@ -294,7 +309,7 @@ class LlamaCppModel:
             cancel.set()
             raise
         except ValueError as exc:  # e.g. prompt longer than the context window
-            raise ModelError(f"{self.name}: {exc}") from exc
+            raise ModelError(self.failure(exc)) from exc
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         text, calls = choice["message"].get("content") or "", []
