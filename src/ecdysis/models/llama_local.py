@@ -295,8 +295,8 @@ class LlamaCppModel:
                f"(it was trained on {trained} tokens), or " if larger else
                f"this model was trained on {trained or self.n_ctx} tokens at most: ")
         return (f"{self.name}: {exc}. The prompt does not fit the model's context window: {fix}use a model with a "
-                "longer one for this role (--roles-model) or a lower max_tokens; then run the same command again "
-                "(the calls already made are served from the response cache)")
+                "longer one (--model for the agent, --roles-model for the roles) or a lower max_tokens; then rerun "
+                "the same command (the calls already made are served from the response cache)")
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
