@@ -149,7 +149,8 @@ def test_a_round_no_role_ran_says_the_library_wrote_its_spec(tmp_path: Path) -> 
     assert re.search(r"optimizer calls / tokens\s+│ 0 / 0", out.stdout)
     # the seed ran on 6 train + 4 val tasks; the repair changes no prompt, so the candidate's episodes on them
     # are served from the response cache
-    assert "10 run by the model + 10 served from the response cache (not charged) = 20" in out.stdout
+    assert ("10 run by the model + 10 served from the response cache (not counted in agent_executions) = 20"
+            in out.stdout)
     assert "cache-served" not in out.stdout
 
 

@@ -110,10 +110,12 @@ def round_verdict(rec: Any) -> str:
 
 
 def episodes_text(run: int, cached: int) -> str:
-    """'12 run by the model + 6 served from the response cache (not charged) = 18', or '12 run by the model'."""
+    """'12 run by the model + 6 served from the response cache (not counted in agent_executions) = 18', or
+    '12 run by the model'."""
     if not cached:
         return f"{run} run by the model"
-    return f"{run} run by the model + {cached} served from the response cache (not charged) = {run + cached}"
+    return (f"{run} run by the model + {cached} served from the response cache (not counted in agent_executions) "
+            f"= {run + cached}")
 
 
 def decision_evidence(rec: Any) -> list[tuple[str, Any]]:

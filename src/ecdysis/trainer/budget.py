@@ -2,9 +2,10 @@
 
 `agent_executions` counts episodes actually run for training (collect, variant picking, validation);
 an episode whose every model call was served by the response cache is a *cached* execution, counted
-apart and not charged. `optimizer_tokens` are the optimizer roles' fresh tokens. `wall_s` is the
-training time in *charged* seconds (trainer/charged.py: model calls at measured rates, sandbox time per
-episode; the same on a busy machine as on an idle one); the real wall time of the timed steps is kept beside
+apart and not against this limit (charged seconds still count its calls). `optimizer_tokens` are the
+optimizer roles' fresh tokens. `wall_s` is the training time in *charged* seconds (trainer/charged.py:
+model calls at measured rates, sandbox time per episode; the same on a busy machine as on an idle one); the
+real wall time of the timed steps is kept beside
 it (`Spend.wall_s`). An arm stops at the first limit reached; evaluations are cut to the episodes the budget
 has left, and stop starting episodes once the time is spent, so every arm stops at the same spend.
 """
