@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 38's claim experiment, one seed per `ecdysis compare` (the suites' READMEs pre-register them):
+#   designed  benchmarks/designed/compare.toml, seeds 0-7 (the suite is built first if it is missing)
+#   gsm8k     benchmarks/claim/gsm8k.toml, seeds 0-2
+#   dbbench   benchmarks/claim/dbbench.toml, seeds 0-2
+# Every seed under rate table v4, each resumable (run the same command after a kill: it goes on where it
+# stopped). Task data from $DATA_DIR (default ../shared/data beside the checkout).
+#   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
+#   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/
+# Machines here are fresh each session, so finished arms are exported (after every seed, and with --export)
+# to benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) and
+# committed; a later machine runs only the arms no other export holds. Pool them all with
+#   ecdysis compare-summary benchmarks/results/designed/seed* --registered benchmarks/designed/registered.toml
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+BIN="$ROOT/.venv/bin"
+SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export]}"
+case "$SUITE" in
+  designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
+    OUT="$ROOT/benchmarks/results/designed"; DATA=() ;;  # the suite file is named by the config
+  gsm8k|dbbench) CONFIG="$ROOT/benchmarks/claim/$SUITE.toml"; LAST=2; RUNS="$ROOT/runs/claim-$SUITE"
+    OUT="$ROOT/benchmarks/results/claim-$SUITE"; DATA=(--data-dir "${DATA_DIR:-$(cd "$ROOT/.." && pwd)/shared/data}") ;;
+  *) echo "error: unknown suite '$SUITE'; one of designed, gsm8k, dbbench" >&2; exit 2 ;;
+esac
+ARMS=(fixed serial serial+library aggregate ecdysis)
+export ECDYSIS_RATES="$ROOT/benchmarks/claim/rates-v4.toml"  # the table the experiment is charged under
+mkdir -p "$RUNS"
+[[ -f "$RUNS/.tag" ]] || date -u +%Y%m%dT%H%M > "$RUNS/.tag"
+TAG="$(cat "$RUNS/.tag")"
+
+export_seed() {  # the finished arms of one seed's run directory, as compare-summary reads them
+  local S="$1"
+  "$BIN/ecdysis" compare-summary "$RUNS/seed$S" --out "$OUT/seed$S-$TAG" > /dev/null 2>&1 \
+    && echo "exported $RUNS/seed$S -> $OUT/seed$S-$TAG" || echo "seed $S: no finished arm to export yet"
+}
+
+exported_elsewhere() {  # arms of seed S that another machine's export already holds
+  "$BIN/python" - "$OUT" "$1" "$TAG" <<'EOF'
+import json, pathlib, sys
+out, seed, tag = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+for path in sorted(out.glob(f"seed{seed}-*/compare.json")):
+    if path.parent.name != f"seed{seed}-{tag}":
+        print("\n".join(row["arm"] for row in json.loads(path.read_text())))
+EOF
+}
+
+if [[ "${2:-}" == "--export" ]]; then
+  for dir in "$RUNS"/seed*; do [[ -d "$dir" ]] && export_seed "${dir##*/seed}"; done
+  exit 0
+fi
+
+if [[ "$SUITE" == designed && ! -f "$ROOT/runs/designed.jsonl" ]]; then
+  "$BIN/python" "$ROOT/benchmarks/designed/make_suite.py" "$ROOT/runs/designed.jsonl" \
+    --kinds "$ROOT/runs/designed.kinds.json"
+fi
+for S in $(seq "${2:-0}" "$LAST"); do
+  done_arms="$(exported_elsewhere "$S")"
+  todo=()
+  for arm in "${ARMS[@]}"; do grep -qxF "$arm" <<< "$done_arms" || todo+=("$arm"); done
+  if [[ ${#todo[@]} -eq 0 ]]; then echo "$SUITE seed $S: every arm exported already"; continue; fi
+  echo "$(date -u +%FT%TZ) $SUITE seed $S start: ${todo[*]}"
+  "$BIN/ecdysis" compare -c "$CONFIG" "${DATA[@]}" --arms "$(IFS=,; echo "${todo[*]}")" \
+    --seeds 1 --set run.seed="$S" --run-dir "$RUNS/seed$S"
+  export_seed "$S"
+  echo "$(date -u +%FT%TZ) $SUITE seed $S done"
+done
