@@ -67,9 +67,10 @@ async def test_compare_report_plots_every_arm_and_lists_their_results(tmp_path: 
     assert all(f'<th class="num">{r.arm} s0</th>' in table for r in results)  # one column per arm and seed
     speed = text[text.index('id="plot-speed"'):]
     assert "serial train" in speed[:speed.index("</svg>")] and "ecdysis train" in speed[:speed.index("</svg>")]
-    curves = text[text.index('id="plot-curves"'):]  # the compare's curves: score vs wall time and executions
+    curves = text[text.index('id="plot-curves"'):]  # the compare's curves: score vs charged time and executions
     curves = curves[:curves.index("</svg>")]
-    assert "cumulative agent executions" in curves and "cumulative training wall time" in curves
+    assert "cumulative agent executions" in curves and "cumulative charged training time" in curves
+    assert all(p.charged_s is not None for c in compare_curves(store) for p in c.points)
     assert "serial" in curves and "ecdysis" in curves and "fixed" not in curves  # fixed has no training curve
     assert [c.arm for c in compare_curves(store)] == ["serial", "ecdysis"]
     assert [p.step for p in compare_curves(store)[1].points] == [p.step for p in results[2].curve]

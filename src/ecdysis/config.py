@@ -150,9 +150,9 @@ class RolesSection(BaseModel):
 class TrainBudget(BaseModel):
     """`[train.budget]`: what every arm may spend on training (None: unlimited); an arm stops when spent."""
 
-    agent_executions: Positive | None = None  # training episodes actually run (cache-served ones are free)
+    agent_executions: Positive | None = None  # training episodes actually run (cache-served ones do not count here)
     optimizer_tokens: Positive | None = None  # the optimizer roles' fresh tokens
-    wall_s: Seconds | None = None  # training wall time
+    wall_s: Seconds | None = None  # training time in charged seconds (trainer/charged.py), not real wall time
 
 
 class TrainEngine(BaseModel):

@@ -138,6 +138,15 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def training_time_text(summary: dict[str, Any]) -> str:
+    """A finished run's training time: charged seconds (the budget's unit) and the real wall time beside them."""
+    if "wall_s" not in summary:
+        return "– (not finished)"
+    real = f"real {summary['wall_s']:.0f} s"
+    charged = summary.get("charged_s")
+    return real if charged is None else f"{charged:.0f} charged s; {real}"
+
+
 def summary_card(run: RunView) -> list[tuple[str, str]]:
     s, cost = run.summary, run.cost()
     test_before, test_after = s.get("test_before") or {}, s.get("test_after") or {}
@@ -153,7 +162,7 @@ def summary_card(run: RunView) -> list[tuple[str, str]]:
         card.append(("val accuracy", f"{fmt(s.get('val_before'))} → {fmt(s.get('val_after'))}"))
     card += [
         ("rounds", f"{len(run.rounds)} ({sum(r.record.accepted for r in run.rounds)} accepted)"),
-        ("training wall time", f"{s.get('wall_s', 0.0):.0f} s"),
+        ("training time", training_time_text(s)),
         ("agent executions", str(s.get("agent_executions", "–"))),
         ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
         ("prompt tokens from prefix cache", f"{cost['prefix_rate']:.0%}"),
@@ -279,14 +288,14 @@ def compare_arms(store: RunStore) -> list[dict[str, Any]]:
 @dataclass
 class ArmCurve:
     """One arm's training curve in one seed of a compare: the current harness's score (val, else train)
-    against cumulative training wall time and agent executions."""
+    against cumulative training time (charged and real) and agent executions."""
 
     arm: str
     seed: int
     points: list[CurvePoint]
 
     def series(self, x: str) -> list[tuple[float, float]]:
-        """(x, score) per point with a score; x is `wall_s` or `agent_executions`."""
+        """(x, score) per point with a score; x is `charged_s`, `wall_s` or `agent_executions`."""
         out = []
         for p in self.points:
             score = p.val_score if p.val_score is not None else p.train_score

@@ -123,14 +123,17 @@ def patterns_per_round(run: RunView) -> str:
 
 def compare_curves_plot(curves: list[ArmCurve]) -> str:
     """Each compare arm's current-harness score (val, else train) after every decision, against cumulative
-    training wall time (left) and agent executions (right); one colour per arm, one line per seed (steps:
-    the harness holds its score until the next decision)."""
+    training time (left: charged seconds, the compare's primary time; real wall time for curves stored before
+    charged time existed) and agent executions (right); one colour per arm, one line per seed (steps: the
+    harness holds its score until the next decision)."""
     fig = _figure(9.0, 3.4)
     axes = fig.subplots(1, 2, sharey=True)
     colors = {arm: COLORS[i % len(COLORS)] for i, arm in enumerate(dict.fromkeys(c.arm for c in curves))}
     styles = ("-", "--", ":", "-.")
-    for ax, x, label in ((axes[0], "wall_s", "cumulative training wall time (s)"),
-                         (axes[1], "agent_executions", "cumulative agent executions")):
+    charged = all(p.charged_s is not None for c in curves for p in c.points)
+    time_axis = ("charged_s", "cumulative charged training time (s)") if charged else \
+        ("wall_s", "cumulative training wall time (s)")
+    for ax, x, label in ((axes[0], *time_axis), (axes[1], "agent_executions", "cumulative agent executions")):
         seen: set[str] = set()
         for c in curves:
             points = c.series(x)
