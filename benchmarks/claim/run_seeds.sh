@@ -15,6 +15,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="$ROOT/.venv/bin"
 SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export]}"
+[[ -x "$BIN/ecdysis" ]] || { echo "error: $BIN/ecdysis not found; run \`make -C $ROOT models\` first" >&2; exit 2; }
 case "$SUITE" in
   designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
     OUT="$ROOT/benchmarks/results/designed"; DATA=() ;;  # the suite file is named by the config
