@@ -355,3 +355,21 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_is_known_before_any_role_
                                                    train_score=0.0, candidate=built.version.id, accepted=False))
     assert engine.rebuilds_rejected(spec, ev) and not engine.rebuilds_rejected(other, ev)
     assert roles.calls == []  # nothing asked a role
+
+
+def test_a_rates_file_that_replaces_the_builtin_table_is_named_alone(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file with the sandbox and every built-in model charges nothing by the built-in table, so its name does
+    not carry the built-in version (results pool across checkouts); a partial file's name does."""
+    builtin = list(rates().models)
+    whole = tmp_path / "whole.toml"
+    whole.write_text('version = "w"\n[sandbox]\nepisode_s = 0.01\n' + "".join(
+        f'[models."{m}"]\nprompt_tok_s = 100\ngen_tok_s = 10\n' for m in builtin))
+    monkeypatch.setenv(RATES_ENV, str(whole))
+    assert rates().version == "whole.toml:w"
+    partial = tmp_path / "partial.toml"
+    partial.write_text('version = "p"\n[sandbox]\nepisode_s = 0.01\n[models."m"]\nprompt_tok_s = 100\ngen_tok_s = 10\n')
+    monkeypatch.setenv(RATES_ENV, str(partial))
+    assert rates().version.endswith("+partial.toml:p") and rates().version != "partial.toml:p"
+    monkeypatch.setenv(RATES_ENV, str(Path(__file__).parents[1] / "benchmarks/claim/rates-v4.toml"))
+    assert rates().version == "rates-v4.toml:4"  # the claim experiment's table

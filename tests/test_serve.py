@@ -357,3 +357,18 @@ def test_harness_code_runs_sandboxed_without_the_proxys_secrets(tmp_path: Path, 
     tool = next(m for m in upstream.requests[0].messages if m.role == "tool")
     assert tool.content == "shipped\n(key seen by harness code: none)"
     assert "regulate exploded" in caught.value.message and "H4" in caught.value.message
+
+
+def test_an_unseeded_sampled_request_gets_a_fresh_seed(harness: Path, tmp_path: Path) -> None:
+    """The backends seed every call from its request; a client that asks again without a seed (OpenAI: random)
+    must not get the same completion each time, and a client's own seed reaches the model unchanged."""
+    upstream = Upstream(lambda m: "Hello.")
+    proxy = build_proxy(harness, "scripted:test", store_dir=tmp_path / "store", upstream=upstream)
+    asked = [{"role": "user", "content": "Say hello."}]
+    with background(proxy) as base:
+        for temperature, seed in ((0.8, None), (0.8, None), (0.8, 7), (0.0, None)):
+            extra = {} if seed is None else {"seed": seed}
+            client(base).chat.completions.create(model="m", messages=asked, temperature=temperature, **extra)
+    seeds = [r.params.seed for r in upstream.requests]
+    assert seeds[0] is not None and seeds[1] is not None and seeds[0] != seeds[1]
+    assert seeds[2] == 7 and seeds[3] is None  # the client's own seed; greedy needs none

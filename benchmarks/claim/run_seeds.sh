@@ -7,9 +7,10 @@
 # stopped). Task data from $DATA_DIR (default ../shared/data beside the checkout).
 #   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
 #   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/
-# Machines here are fresh each session, so finished arms are exported (after every seed, and with --export)
-# to benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) and
-# committed; a later machine runs only the arms no other export holds. Pool them all with
+# Machines here are fresh each session, so finished arms are exported to
+# benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) after every
+# seed, when the script is stopped or a compare fails, and with --export; commit the export before the session
+# ends. A later machine runs only the arms no other export holds. Pool them all with
 #   ecdysis compare-summary benchmarks/results/designed/seed* --registered benchmarks/designed/registered.toml
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -29,10 +30,15 @@ mkdir -p "$RUNS"
 [[ -f "$RUNS/.tag" ]] || date -u +%Y%m%dT%H%M > "$RUNS/.tag"
 TAG="$(cat "$RUNS/.tag")"
 
-export_seed() {  # the finished arms of one seed's run directory, as compare-summary reads them
-  local S="$1"
-  "$BIN/ecdysis" compare-summary "$RUNS/seed$S" --out "$OUT/seed$S-$TAG" > /dev/null 2>&1 \
-    && echo "exported $RUNS/seed$S -> $OUT/seed$S-$TAG" || echo "seed $S: no finished arm to export yet"
+export_seed() {  # the finished arms of one seed's run directory (its store, while the seed runs)
+  local S="$1" said
+  if said="$("$BIN/ecdysis" compare-summary "$RUNS/seed$S" --out "$OUT/seed$S-$TAG" 2>&1 > /dev/null)"; then
+    echo "exported $RUNS/seed$S -> $OUT/seed$S-$TAG"
+  elif grep -q "no finished compare arm" <<< "$said"; then
+    echo "seed $S: no finished arm to export yet"
+  else
+    echo "seed $S: export failed: $said" >&2; return 1
+  fi
 }
 
 exported_elsewhere() {  # arms of seed S that another machine's export already holds
@@ -54,14 +60,20 @@ if [[ "$SUITE" == designed && ! -f "$ROOT/runs/designed.jsonl" ]]; then
   "$BIN/python" "$ROOT/benchmarks/designed/make_suite.py" "$ROOT/runs/designed.jsonl" \
     --kinds "$ROOT/runs/designed.kinds.json"
 fi
-for S in $(seq "${2:-0}" "$LAST"); do
+FIRST="${2:-0}"
+[[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
+  echo "error: FIRST should be a seed 0-$LAST or --export (got '$FIRST')" >&2; exit 2; }
+trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING"' EXIT  # a kill or a failed compare exports too
+for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
   todo=()
   for arm in "${ARMS[@]}"; do grep -qxF "$arm" <<< "$done_arms" || todo+=("$arm"); done
   if [[ ${#todo[@]} -eq 0 ]]; then echo "$SUITE seed $S: every arm exported already"; continue; fi
   echo "$(date -u +%FT%TZ) $SUITE seed $S start: ${todo[*]}"
-  "$BIN/ecdysis" compare -c "$CONFIG" "${DATA[@]}" --arms "$(IFS=,; echo "${todo[*]}")" \
+  RUNNING="$S"
+  "$BIN/ecdysis" compare -c "$CONFIG" ${DATA[@]+"${DATA[@]}"} --arms "$(IFS=,; echo "${todo[*]}")" \
     --seeds 1 --set run.seed="$S" --run-dir "$RUNS/seed$S"
+  RUNNING=""
   export_seed "$S"
   echo "$(date -u +%FT%TZ) $SUITE seed $S done"
 done

@@ -138,8 +138,11 @@ def _load(extra: str) -> RateTable:
     path = Path(extra).expanduser()
     user = parse_rates(_read(path), str(path))
     has_sandbox = "sandbox" in _read(path)
-    return RateTable(f"{builtin.version}+{path.name}:{user.version}", builtin.models | user.models,
-                     user.episode_s if has_sandbox else builtin.episode_s)
+    # a file that sets the sandbox and every built-in model replaces the built-in table: its name alone, so
+    # results charged under it pool across checkouts whose built-in tables differ
+    whole = has_sandbox and set(builtin.models) <= set(user.models)
+    return RateTable(f"{path.name}:{user.version}" if whole else f"{builtin.version}+{path.name}:{user.version}",
+                     builtin.models | user.models, user.episode_s if has_sandbox else builtin.episode_s)
 
 
 def rates() -> RateTable:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,14 +75,19 @@ class Proxy:
         self.model_name = settings.model_name or f"ecdysis-{harness.name}"
 
     def params(self, req: ChatCompletionRequest, conversation: str) -> GenerationParams:
-        """The request's sampling fields; those it leaves out come from the harness's generation settings."""
+        """The request's sampling fields; those it leaves out come from the harness's generation settings. A
+        sampled request without a seed gets a fresh random one (OpenAI's meaning: the backends seed every call from its
+        request, so an unseeded sampled request would otherwise repeat the same completion)."""
         gen = self.harness.manifest.generation
         tools = req.tool_specs()
+        temperature = req.temperature if req.temperature is not None else gen.temperature
         return GenerationParams(
-            temperature=req.temperature if req.temperature is not None else gen.temperature,
+            temperature=temperature,
             top_p=req.top_p if req.top_p is not None else gen.top_p,
             max_tokens=req.max_completion_tokens or req.max_tokens or gen.max_tokens,
-            stop=req.stop_list() or list(gen.stop), seed=req.seed, json_schema=req.json_schema(),
+            stop=req.stop_list() or list(gen.stop),
+            seed=req.seed if req.seed is not None or not temperature else secrets.randbelow(2**31),
+            json_schema=req.json_schema(),
             tools=openai_tools(tools) if tools else None, tool_choice=req.tool_choice if tools else None,
             session=conversation)
 
