@@ -255,7 +255,7 @@ async def test_a_sampled_reply_depends_only_on_its_request(smollm_path: Path) ->
     await model.chat(req("Write one sentence about a mountain.", temperature=1.0))
     again = (await model.chat(asked)).text
     fresh = (await LlamaCppModel("smollm2-135m", n_ctx=1024, instance="seeded-b").chat(asked)).text
-    assert first == again == fresh  # the same request, after other calls or in a new process: the same sample
+    assert first == again == fresh  # the same request, after other calls or on a fresh instance: the same sample
     other = {(await model.chat(req("Write one sentence about the sea.", temperature=1.0, sample_index=i))).text
              for i in (1, 2, 3)}
     assert len(other | {first}) > 1  # a deliberate resample (sample_index) still samples anew
@@ -268,6 +268,8 @@ async def test_a_prompt_longer_than_the_context_says_which_setting_to_raise(smol
     await model.chat(req("Hi."))  # loaded
     with pytest.raises(ModelError) as caught:
         await model.chat(req("word " * 400))
-    message = str(caught.value)
+    message = str(caught.value)  # about 400 prompt tokens + 24 for the reply: 512 fits
     assert "context window of 256" in message
     assert "model_settings.\"local:smollm2-135m\".n_ctx=512" in message and "trained on 8192" in message
+    with pytest.raises(ModelError, match="trained on 8192 tokens, so no window fits"):
+        await model.chat(req("word " * 9000))

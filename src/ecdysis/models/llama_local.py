@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -283,20 +284,26 @@ class LlamaCppModel:
             prompt = list(llm._input_ids)[: (out.get("usage") or {}).get("prompt_tokens", 0)]
             return out, seconds, reused_prefix(before, prompt)
 
-    def failure(self, exc: ValueError) -> str:
-        """A failed call's message; a prompt (plus the reply's `max_tokens`) longer than the context window
-        names the setting that gives the model more, and the most it was trained on."""
+    def failure(self, exc: ValueError, request: ChatRequest) -> str:
+        """A failed call's message. A prompt that does not fit the context window (llama-cpp-python refuses a
+        prompt of `n_ctx` tokens or more, and cuts the reply to what is left) names the window that would fit
+        it with the reply's `max_tokens`, within what the model was trained on, or says that none would."""
         if "context window" not in str(exc):
             return f"{self.name}: {exc}"
         loaded = _LOADED.get(_key(self.path, self.n_ctx, self.instance))
         trained = loaded.llm._model.n_ctx_train() if loaded is not None else 0
-        larger = min(2 * self.n_ctx, trained) if trained > self.n_ctx else 0
-        fix = (f"give it a larger window, e.g. --set 'model_settings.\"local:{self.name}\".n_ctx={larger}' "
-               f"(it was trained on {trained} tokens), or " if larger else
-               f"this model was trained on {trained or self.n_ctx} tokens at most: ")
-        return (f"{self.name}: {exc}. The prompt does not fit the model's context window: {fix}use a model with a "
-                "longer one (--model for the agent, --roles-model for the roles) or a lower max_tokens; then rerun "
-                "the same command (the calls already made are served from the response cache)")
+        found = re.search(r"Requested tokens \((\d+)\)", str(exc))
+        needed = (int(found.group(1)) if found else self.n_ctx) + request.params.max_tokens
+        fits = next((n for n in (2 ** k for k in range(9, 21)) if n >= needed), needed)
+        if trained and fits > trained:
+            fix = (f"the model was trained on {trained} tokens, so no window fits this prompt and its reply: use "
+                   "a model with a longer context")
+        else:
+            fix = (f"give it a larger window, e.g. --set 'model_settings.\"local:{self.name}\".n_ctx={fits}'"
+                   + (f" (it was trained on {trained} tokens)" if trained else "") + ", or use a model with a "
+                   "longer context")
+        return (f"{self.name}: {exc}. The prompt does not fit the model's context window: {fix} (--model for the "
+                "agent, --roles-model for the roles); a changed setting starts a new run (it is part of the run id)")
 
     async def chat(self, request: ChatRequest) -> ChatResponse:
         forced = forced_call_schema(request.params.tools, request.params.tool_choice)
@@ -309,7 +316,7 @@ class LlamaCppModel:
             cancel.set()
             raise
         except ValueError as exc:  # e.g. prompt longer than the context window
-            raise ModelError(self.failure(exc)) from exc
+            raise ModelError(self.failure(exc, request)) from exc
         choice = out["choices"][0]
         usage = out.get("usage") or {}
         text, calls = choice["message"].get("content") or "", []
