@@ -138,10 +138,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def training_time_text(summary: dict[str, Any]) -> str:
+def training_time_text(summary: dict[str, Any], status: str) -> str:
     """A finished run's training time: charged seconds (the budget's unit) and the real wall time beside them."""
     if "wall_s" not in summary:
-        return "– (not finished)"
+        return f"– (status: {status})"
     real = f"real {summary['wall_s']:.0f} s"
     charged = summary.get("charged_s")
     return real if charged is None else f"{charged:.0f} charged s; {real}"
@@ -162,7 +162,7 @@ def summary_card(run: RunView) -> list[tuple[str, str]]:
         card.append(("val accuracy", f"{fmt(s.get('val_before'))} → {fmt(s.get('val_after'))}"))
     card += [
         ("rounds", f"{len(run.rounds)} ({sum(r.record.accepted for r in run.rounds)} accepted)"),
-        ("training time", training_time_text(s)),
+        ("training time", training_time_text(s, run.status)),
         ("agent executions", str(s.get("agent_executions", "–"))),
         ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
         ("prompt tokens from prefix cache", f"{cost['prefix_rate']:.0%}"),
