@@ -67,6 +67,8 @@ def prefix_cache_text(prompt_tokens: int, cached: int) -> str:
 
 
 def train_summary(console: Console, r: Any) -> None:
+    from ..report.data import training_time_text  # not at import: it loads the trainer
+
     table = Table(title=f"Training run {r.run_id} ({r.arm})", show_header=False)
     table.add_column("metric")
     table.add_column("value")
@@ -87,8 +89,7 @@ def train_summary(console: Console, r: Any) -> None:
         table.add_row("test accuracy (seed)", f"{r.test_before['accuracy']:.3f} on {r.test_before['n_tasks']} tasks")
     if r.test_after:
         table.add_row("test accuracy (final)", f"{r.test_after['accuracy']:.3f} on {r.test_after['n_tasks']} tasks")
-    table.add_row("training time", f"{r.charged_s:.1f} charged s (the budget's wall_s: measured rates, the same on "
-                  f"a busy machine); real {r.wall_s:.1f}s")
+    table.add_row("training time", training_time_text(r.charged_s, r.wall_s))
     table.add_row("agent episodes (training)", episodes_text(r.agent_executions, r.cached_executions))
     table.add_row("optimizer calls / tokens", f"{r.optimizer_calls} / {r.optimizer_tokens}")
     table.add_row("agent tokens (all)", str(r.agent_tokens))

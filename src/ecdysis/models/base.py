@@ -56,6 +56,13 @@ class GenerationParams(BaseModel):
     sample_index: int = 0
     session: str = ""  # which conversation this call continues (KV reuse on local backends); not in the cache key
 
+    @property
+    def call_seed(self) -> int:
+        """The seed a backend samples this call with: from the request alone (`seed` + `sample_index`), so a
+        sampled reply does not depend on the calls made before it (llama-cpp-python would chain an unseeded
+        call's seed from the previous call's)."""
+        return (self.seed or 0) + self.sample_index
+
 
 class ChatRequest(BaseModel):
     messages: list[Message]

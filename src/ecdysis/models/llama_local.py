@@ -234,9 +234,13 @@ class LlamaCppModel:
     def identity(self) -> str:
         return f"llama.cpp:{self._digest}"
 
+    def _loaded(self) -> Loaded | None:
+        """This model's process-wide instance, if it is loaded yet (never loads it)."""
+        return _LOADED.get(_key(self.path, self.n_ctx, self.instance))
+
     def release(self, session: str) -> None:
         """The episode `session` has ended: drop its saved state (a model not loaded yet has none)."""
-        loaded = _LOADED.get(_key(self.path, self.n_ctx, self.instance))
+        loaded = self._loaded()
         if loaded is None:
             return
         with loaded.lock:
@@ -258,10 +262,7 @@ class LlamaCppModel:
         }
         if p.stop:
             kwargs["stop"] = p.stop
-        # Every call seeded from its own request: an unseeded llama-cpp-python call draws its seed from the
-        # previous call's, so a sampled reply would depend on every call the process made before it (a resumed
-        # run, a cache hit or another interleaving would sample differently from the uninterrupted run).
-        kwargs["seed"] = (p.seed or 0) + p.sample_index
+        kwargs["seed"] = p.call_seed  # every call, so a resumed or partly cached run samples as the cold one
         if p.json_schema is not None:
             kwargs["response_format"] = {"type": "json_object", "schema": p.json_schema}
         if forced is not None:  # a call is required: the schema of one call, grammar-constrained
@@ -290,7 +291,7 @@ class LlamaCppModel:
         it with the reply's `max_tokens`, within what the model was trained on, or says that none would."""
         if "context window" not in str(exc):
             return f"{self.name}: {exc}"
-        loaded = _LOADED.get(_key(self.path, self.n_ctx, self.instance))
+        loaded = self._loaded()
         trained = loaded.llm._model.n_ctx_train() if loaded is not None else 0
         found = re.search(r"Requested tokens \((\d+)\)", str(exc))
         needed = (int(found.group(1)) if found else self.n_ctx) + request.params.max_tokens

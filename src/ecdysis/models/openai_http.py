@@ -109,7 +109,7 @@ class OpenAICompatModel:
         if p.stop:
             kwargs["stop"] = p.stop
         if p.seed is not None or p.temperature > 0:  # a sampled reply depends on its request, not on the
-            kwargs["seed"] = (p.seed or 0) + p.sample_index  # server's earlier calls (OpenAI's `seed`)
+            kwargs["seed"] = p.call_seed  # server's earlier calls (OpenAI's `seed`)
         if p.json_schema is not None:
             kwargs["response_format"] = self._response_format(p.json_schema)
         if p.tools:

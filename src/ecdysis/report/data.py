@@ -138,13 +138,11 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def training_time_text(summary: dict[str, Any], status: str) -> str:
-    """A finished run's training time: charged seconds (the budget's unit) and the real wall time beside them."""
-    if "wall_s" not in summary:
-        return f"– (status: {status})"
-    real = f"real {summary['wall_s']:.0f} s"
-    charged = summary.get("charged_s")
-    return real if charged is None else f"{charged:.0f} charged s; {real}"
+def training_time_text(charged_s: float | None, wall_s: float) -> str:
+    """A run's training time: charged seconds (the budget's `wall_s`: measured rates, the same on a busy
+    machine) and the real wall time beside them; the real time alone for a run stored before charged time."""
+    real = f"real {wall_s:.1f} s"
+    return real if charged_s is None else f"{charged_s:.1f} charged s; {real}"
 
 
 def summary_card(run: RunView) -> list[tuple[str, str]]:
@@ -162,7 +160,8 @@ def summary_card(run: RunView) -> list[tuple[str, str]]:
         card.append(("val accuracy", f"{fmt(s.get('val_before'))} → {fmt(s.get('val_after'))}"))
     card += [
         ("rounds", f"{len(run.rounds)} ({sum(r.record.accepted for r in run.rounds)} accepted)"),
-        ("training time", training_time_text(s, run.status)),
+        ("training time", training_time_text(s.get("charged_s"), s["wall_s"]) if "wall_s" in s
+         else f"– (status: {run.status})"),
         ("agent executions", str(s.get("agent_executions", "–"))),
         ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
         ("prompt tokens from prefix cache", f"{cost['prefix_rate']:.0%}"),
