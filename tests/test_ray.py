@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,14 @@ async def test_killed_worker_is_retried_then_recorded_as_infrastructure_failure(
     ws.close()
 
 
+def children(pid: int) -> list[int]:
+    """`pid`'s child processes (a thread's children are listed under that thread), [] once it is gone."""
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
 def zygotes_below(pid: int) -> list[int]:
     """The pids of every zygote (its bubblewrap process) among `pid`'s descendants: the one serving the
     episode in flight, and any started ahead for the next evaluation (which one serves is a race)."""
@@ -134,28 +143,50 @@ def zygotes_below(pid: int) -> list[int]:
         current = queue.pop(0)
         try:
             cmdline = Path(f"/proc/{current}/cmdline").read_bytes().split(b"\0")
-            children = [c for task in Path(f"/proc/{current}/task").iterdir()  # a thread's children are its own
-                        for c in (task / "children").read_text().split()]
         except OSError:
             continue
         if current != pid and b"ecdysis.sandbox.zygote" in cmdline:
             found.append(current)  # its own descendants are the zygote's interpreter and episodes
             continue
-        queue.extend(int(c) for c in children)
+        queue.extend(children(current))
     return found
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, queue = [], [pid]
+    while queue:
+        found.append(queue.pop(0))
+        queue.extend(children(found[-1]))
+    return found
+
+
+def dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 class ZygoteKiller(Killer):
     """Kills the zygotes of the Ray actor running the episode, the one that forked it among them (the actor
-    lives: it returns `infra_error`)."""
+    lives: it returns `infra_error`). The reply is sent only once every process of the killed zygotes is dead:
+    the zygote's namespace is torn down after its bubblewrap process dies (`--die-with-parent`), and an episode
+    answered before that could still finish."""
 
     def __call__(self, messages: list[Message]) -> str:
         if f"Add {self.victim} " in messages[-1].content and self.kills < self.times:
             (actor,) = self.ws.executor.busy
             zygotes = zygotes_below(ray.get(actor.pid.remote()))
             assert zygotes, "the actor's episode was not forked from a zygote"
+            doomed = [p for zygote in zygotes for p in tree(zygote)]
             for zygote in zygotes:
                 os.killpg(zygote, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while not all(dead(p) for p in doomed):
+                assert time.monotonic() < deadline, f"still alive 30 s after the kill: {doomed}"
+                time.sleep(0.01)
             self.kills += 1
         return answer(messages)
 
