@@ -5,6 +5,7 @@ curves (the statistics alone: tests/test_compare_stats.py); the val score never 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from ecdysis.models.charge import RATES_ENV, rates
 from ecdysis.store import RunStore
 from ecdysis.trainer import records, train_async
 from ecdysis.trainer.compare import compare
-from ecdysis.trainer.compare_factorial import factor_rows, factorial
+from ecdysis.trainer.compare_factorial import Registration, factor_rows, factorial, factorial_report
 from ecdysis.trainer.compare_results import ArmResult, add_ratios
 from ecdysis.trainer.records import CurvePoint, SerialEdit
 from ecdysis.trainer.targets import target_order
@@ -229,6 +230,28 @@ def test_the_factorial_summary_censors_arms_that_miss_the_target_instead_of_drop
     assert by["aggregate"].speedup_vs["serial"].value == pytest.approx(450.0 / 600.0)
     assert by["aggregate"].test_vs["serial"].value == pytest.approx(0.5)  # paired: b flips on both seeds
     assert by["serial"].auc.value == pytest.approx(((0.2 * 400 + 0.6 * 200) + (0.2 * 500 + 0.6 * 100)) / 2 / 600)
+
+
+def test_the_summary_names_every_arm_that_stopped_before_the_budget(tmp_path: Path) -> None:
+    """The registered stop rule is the budget alone: an arm ended earlier by a round limit (or any other rule) is
+    named with its reason, whether it had reached the target, and written to factorial.json; one that ran to the
+    budget is not."""
+    ran_out = ArmResult("serial", 0, curve=[_point("serial", 0, 100, 0.2), _point("serial", 1, 500, 0.4)],
+                        budget_s=600.0, train_charged_s=612.0, stop_reason="budget spent: wall_s 612/600")
+    capped = ArmResult("aggregate", 0, curve=[_point("aggregate", 0, 100, 0.2), _point("aggregate", 1, 200, 0.4)],
+                       budget_s=600.0, train_charged_s=300.0, stop_reason="round limit reached")
+    there = ArmResult("ecdysis", 0, curve=[_point("ecdysis", 0, 100, 0.2), _point("ecdysis", 1, 250, 0.7)],
+                      budget_s=600.0, train_charged_s=250.0, stop_reason="no edit accepted in 2 rounds in a row")
+    report = factorial_report([ran_out, capped, there], Registration(target=0.6, budget_s=600.0))
+    assert [(e.arm, e.charged_s, e.reached) for e in report.early] == [("aggregate", 300.0, False),
+                                                                        ("ecdysis", 250.0, True)]
+    text = report.early_text() or ""
+    assert "aggregate seed 0: stopped at 300 of 600 charged s, without reaching the target: round limit reached" in text
+    assert "ecdysis seed 0" in text and "serial" not in text.split("\n", 1)[1]
+    report.write(tmp_path / "factorial.json")
+    written = json.loads((tmp_path / "factorial.json").read_text())["early_stops"]
+    assert [e["reason"] for e in written] == ["round limit reached", "no edit accepted in 2 rounds in a row"]
+    assert factorial_report([ran_out], Registration(target=0.6, budget_s=600.0)).early_text() is None
 
 
 def test_each_factor_is_the_arm_with_it_against_the_arm_without_it() -> None:

@@ -163,6 +163,8 @@ def compare_summary(
     decided: dict[str, object] = {}
     if report is not None:
         console.print(report.table())
+        if (early := report.early_text()) is not None:
+            console.print(early, style="yellow", markup=False, highlight=False)
         for extra in (report.factor_table(), report.time_table()):
             if extra is not None:
                 console.print(extra)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import tomllib
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rich.table import Table
@@ -191,6 +191,31 @@ def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int =
     return rows
 
 
+@dataclass(frozen=True)
+class EarlyStop:
+    """A training arm that ended before the budget τ for another reason (a round limit, a token guard, a run of
+    rejections): the registered stop rule is the budget alone, so its row is not under the same rule as the others
+    (a miss is still censored at τ, and its last val accuracy holds to τ in the AUC)."""
+
+    arm: str
+    seed: int
+    charged_s: float
+    reason: str
+    reached: bool  # whether it reached the target before it stopped (then its time to target is unaffected)
+
+    def text(self, tau: float) -> str:
+        after = "after reaching the target" if self.reached else "without reaching the target"
+        return (f"{self.arm} seed {self.seed}: stopped at {self.charged_s:.0f} of {tau:.0f} charged s, {after}: "
+                f"{self.reason or 'no stop reason recorded'}")
+
+
+def early_stops(results: list[ArmResult], target: float, tau: float) -> list[EarlyStop]:
+    """The training arms (with a curve and charged time) that stopped before τ, in run order."""
+    return [EarlyStop(r.arm, r.seed, r.train_charged_s, r.stop_reason,
+                      time_to_target(points(r), target, tau).reached)
+            for r in results if r.curve and r.train_charged_s is not None and r.train_charged_s < tau - 1e-6]
+
+
 @dataclass
 class FactorialReport:
     """The factorial rows of a result set under a registration, and the censoring time they used."""
@@ -201,6 +226,7 @@ class FactorialReport:
     source: str
     factors: list[FactorRow]
     rates: str = "not recorded"  # the rate table(s) the charged seconds come from
+    early: list[EarlyStop] = field(default_factory=list)  # arms stopped before τ by another rule
 
     def table(self) -> Table:
         return factorial_table(self.rows, self.registration.target, self.tau, self.source, self.rates)
@@ -215,13 +241,23 @@ class FactorialReport:
         path.write_text(json.dumps({"target": self.registration.target, "budget_s": self.tau,
                                     "budget_source": self.source, "rates_version": self.rates,
                                     "rows": [r.to_dict() for r in self.rows],
-                                    "factors": [asdict(f) for f in self.factors], **extra}, indent=1))
+                                    "factors": [asdict(f) for f in self.factors],
+                                    "early_stops": [asdict(e) for e in self.early], **extra}, indent=1))
+
+    def early_text(self) -> str | None:
+        """A warning naming every arm that stopped before the budget (None: every arm ran to it)."""
+        if not self.early:
+            return None
+        return ("Stopped before the budget τ by another rule (the registered stop rule is the "
+                "budget alone; a miss is censored at τ and its last val accuracy holds to τ in the AUC):\n"
+                + "\n".join(f"  {e.text(self.tau)}" for e in self.early))
 
 
 def factorial_report(results: list[ArmResult], registration: Registration) -> FactorialReport:
     rows, tau, source = factorial(results, registration.target, registration.budget_s)
     return FactorialReport(registration, rows, tau, source, factor_rows(results, registration.target, tau),
-                           ", ".join(rate_tables(results)) or "not recorded")
+                           ", ".join(rate_tables(results)) or "not recorded",
+                           early_stops(results, registration.target, tau))
 
 
 def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
