@@ -278,3 +278,28 @@ async def test_an_evaluation_with_a_lost_episode_is_completed_and_charged_per_ep
     assert budget.executions() == (5, 1)
     again = Evaluator(store, "run", runner, {"val": tasks}, 1, {"val": 2}, Budget(), lambda: Spend())
     assert again.executions() == (5, 1)  # recounted from the store after a restart
+
+
+def test_the_roles_history_stays_bounded_however_long_the_run(tmp_path: Path) -> None:
+    """A budget-only stop can run hundreds of rounds: the roles see every accepted round and the latest ones,
+    with the older rejected rounds counted, so the prompt does not outgrow the model's window (it did: a
+    4096-token analyst prompt at round 44 of a real run)."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.history import StepHistory
+    from ecdysis.trainer.records import SpecRecord
+
+    store = RunStore(tmp_path / "runs.sqlite")
+    store.start_run("train", {}, run_id="run")
+    for k in range(1, 41):
+        spec = {"patterns_addressed": ["P1"], "changes": [{"layer": "H3", "kind": "add_rule", "text": f"rule {k}"}]}
+        records.put(store, "run", f"r{k}", SpecRecord(spec=spec))
+        records.put(store, "run", f"r{k}", RoundRecord(round=k, harness_before="h", harness_after="h",
+                                                       train_score=0.0, accepted=k == 3, reason=f"why {k}"))
+    history = StepHistory(store, "run")
+    lines = history.earlier_attempts(41).splitlines()
+    assert lines[0] == "(31 older rejected round(s) not listed)"
+    assert [int(line.split()[1].rstrip(":")) for line in lines[1:]] == [3, *range(33, 41)]
+    assert "add_rule rule 3 -> accepted (why 3)" in lines[1] and lines[-1].endswith("rejected (why 40)")
+    assert len(history.earlier_attempts(41)) < len(history.earlier_attempts(11)) * 2  # bounded, not growing
+    assert history.earlier_attempts(5).splitlines()[0].startswith("round 1:")  # short runs: everything, as before
+    assert len(history.rejected_specs(41)) == 39  # what is never validated again is not cut

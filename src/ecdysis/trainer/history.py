@@ -14,6 +14,8 @@ from . import records
 from .records import RoundRecord, SerialEdit, SpecRecord
 from .spec import HarnessSpec
 
+SHOWN_ROUNDS = 8  # earlier rounds the roles see in full (with every accepted one): ~60 tokens each
+
 
 @dataclass(frozen=True)
 class StepHistory:
@@ -31,14 +33,24 @@ class StepHistory:
     def _edits(self) -> list[tuple[str, SerialEdit]]:
         return records.load_all(self.store, self.run_id, SerialEdit)
 
-    def earlier_attempts(self, r: int) -> str:
-        """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec."""
-        lines = []
-        for k, decision, spec in self._earlier_rounds(r):
+    def earlier_attempts(self, r: int, shown: int = SHOWN_ROUNDS) -> str:
+        """What earlier rounds tried and how it ended, so a new round does not repeat a rejected spec: every
+        accepted round and the latest `shown` rounds, in order; the older rejected ones are counted, not listed,
+        so the roles' prompt stays bounded however long the run (a spec or harness the run rejected is still
+        never validated again: `rejected_specs`, `rejected_candidates`)."""
+        rows = list(self._earlier_rounds(r))
+        lines, hidden = [], 0
+        for i, (k, decision, spec) in enumerate(rows):
+            accepted = bool(decision and decision.accepted)
+            if not accepted and i < len(rows) - shown:
+                hidden += 1
+                continue
             changes = HarnessSpec.model_validate(spec.spec).summary() if spec and spec.spec else ""
-            verdict = "accepted" if decision and decision.accepted else "rejected"
             reason = (decision.reason or "") if decision else ""
-            lines.append(f"round {k}: {changes or 'no valid spec'} -> {verdict} ({reason[:200]})")
+            lines.append(f"round {k}: {changes or 'no valid spec'} -> {'accepted' if accepted else 'rejected'} "
+                         f"({reason[:200]})")
+        if hidden:
+            lines.insert(0, f"({hidden} older rejected round(s) not listed)")
         return "\n".join(lines)
 
     def earlier_edits(self, task_id: str) -> str:
