@@ -52,7 +52,9 @@ EOF
 }
 
 if [[ "${2:-}" == "--export" ]]; then
-  for dir in "$RUNS"/seed*; do [[ -d "$dir" ]] && export_seed "${dir##*/seed}"; done
+  for dir in "$RUNS"/seed*; do  # seedS only: a store set aside (seed0.failed-...) is never pooled
+    [[ -d "$dir" && "${dir##*/seed}" =~ ^[0-9]+$ ]] && export_seed "${dir##*/seed}"
+  done
   exit 0
 fi
 
