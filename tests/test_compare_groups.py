@@ -38,6 +38,20 @@ def test_accuracy_and_paired_difference_per_group_on_known_inputs() -> None:
     assert without.cells["aggregate"]["units"].accuracy == 1.0
     with pytest.raises(ValueError, match="--reference 'serial' has no test scores here; arms: fixed, aggregate"):
         group_report(results(), GROUPS, reference="serial")
+
+
+def test_a_difference_over_fewer_pairs_than_its_accuracy_names_its_n() -> None:
+    """The reference lacks seed 1: the arm's accuracy pools both seeds (n=4), its difference pairs seed 0 only."""
+    from rich.console import Console
+
+    partial = [r for r in results() if not (r.arm == "fixed" and r.seed == 1)]
+    report = group_report(partial, GROUPS, reps=200)
+    units = report.cells["aggregate"]["units"]
+    assert units.n == 4 and units.difference is not None and units.difference.n == 2
+    console = Console(width=200, record=True)
+    console.print(report.table())
+    text = console.export_text()
+    assert "1.000 (n=4)" in text and "+1.000 [+1.000, +1.000] (n=2)" in text
     with pytest.raises(ValueError, match="none of the 5 test tasks is in the group file"):
         group_report(results(), {"x1": "units"})
 
@@ -78,7 +92,7 @@ def test_compare_summary_prints_and_writes_the_group_table(tmp_path: Path) -> No
     out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--groups", str(tmp_path / "g.json"),
                                    "--out", str(tmp_path / "pooled")], terminal_width=250)
     assert out.exit_code == 0, out.output
-    assert "Test accuracy by task group (paired difference vs fixed" in out.output and "units (n=4)" in out.output
+    assert "paired difference vs fixed, 95% CI" in out.output and "1.000 (n=4)" in out.output
     saved = json.loads((tmp_path / "pooled" / "groups.json").read_text())
     assert saved["reference"] == "fixed" and saved["arms"]["aggregate"]["units"]["difference"]["value"] == 1.0
     (tmp_path / "bad.csv").write_text("a\n")

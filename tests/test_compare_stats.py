@@ -35,6 +35,7 @@ def test_auc_is_the_time_averaged_step_curve() -> None:
     assert auc([(0.0, 0.2), (50.0, 0.6)], 100.0) == pytest.approx((0.2 * 50 + 0.6 * 50) / 100)
     assert auc([(20.0, 0.5), (40.0, None), (200.0, 1.0)], 100.0) == pytest.approx(0.5)  # held, cut at τ
     assert auc([(0.0, None)], 100.0) is None
+    assert auc([(25.0, None), (50.0, 0.6)], 100.0) is None  # the start unknown: a later score is not carried back
 
 
 def test_paired_bootstrap_on_known_inputs() -> None:

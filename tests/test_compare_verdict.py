@@ -103,6 +103,68 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
             Registration.read(tmp_path / "bad.toml")
 
 
+def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_nothing(tmp_path: Path) -> None:
+    """Pooling seed 0 (every arm) with seed 1 (only `serial+library` so far): the paired cells name the seeds they
+    pair over, and with `seeds = 8` registered every verdict is an interim reading, the claim "not decided"."""
+    from typer.testing import CliRunner
+
+    from ecdysis.cli.main import app
+    from ecdysis.trainer.compare_factorial import factorial_report
+    from ecdysis.trainer.compare_results import write_results
+    from ecdysis.trainer.compare_verdict import verdicts
+
+    tasks = {"a": 1.0, "b": 0.0}
+    results = [ArmResult("serial+library", s, test_acc=0.5, curve=_curve("serial+library", 600.0), budget_s=1000.0,
+                         test_per_task=tasks) for s in (0, 1)]
+    results.append(ArmResult("aggregate", 0, test_acc=0.5, curve=_curve("aggregate", 250.0), budget_s=1000.0,
+                             test_per_task=tasks))
+    report = factorial_report(results, Registration(0.5, 1000.0, seeds=8))
+    (agg,) = [r for r in report.rows if r.arm == "aggregate"]
+    assert agg.paired_seeds == {"serial+library": 1} and agg.seeds == 1
+    decided = verdicts(report)
+    (contrast,) = decided.contrasts
+    assert not contrast.decided and contrast.seeds == 1 and contrast.outcome == "interim: miss"
+    assert contrast.why.startswith("1 of 8 registered seeds: ")
+    assert decided.claim == [("aggregate", "not decided",
+                              "interim (misses against serial+library): against serial+library over 1 seed")]
+    assert decided.gains["aggregation"][1].startswith("interim, 1 of 8 registered seeds: ")
+    assert decided.interim_factors == {"aggregation"}
+    # registered over 1 seed, the same results decide
+    assert verdicts(factorial_report(results, Registration(0.5, 1000.0, seeds=1))).contrasts[0].decided
+    write_results(results, tmp_path / "cmp")
+    (tmp_path / "reg.toml").write_text("target = 0.5\nbudget_s = 1000\nseeds = 8\n")
+    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
+                                   "--out", str(tmp_path / "pooled")], terminal_width=300)
+    assert out.exit_code == 0, out.output
+    assert "interim: miss" in out.output and "not decided" in out.output
+    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    assert saved["registered_seeds"] == 8 and saved["factor_gains"]["aggregation"]["decided"] is False
+    (tmp_path / "bad.toml").write_text("target = 0.5\nseeds = 0\n")
+    with pytest.raises(ValueError, match="seeds must be a whole number"):
+        Registration.read(tmp_path / "bad.toml")
+
+
+def test_the_paired_cells_name_their_seeds_when_fewer_than_the_rows() -> None:
+    from ecdysis.trainer.compare_factorial import _paired
+
+    e = Estimate(3.0, None, None, 1)
+    assert _paired(e, 1, 2, 2) == "3.00 (1 of 2 seeds)"
+    assert _paired(e, 2, 2, 2) == "3.00"
+    assert _paired(None, 0, 2) == "–"
+
+
+def test_the_factorial_scores_val_only_never_train() -> None:
+    """A curve without val scores reaches no val target and has no AUC (its train score is never read as val)."""
+    from ecdysis.trainer.compare_factorial import factorial
+
+    curve = [CurvePoint(arm="serial", step=0, harness_id="h", val_score=None, train_score=0.75, wall_s=258.0,
+                        agent_executions=0, cached_executions=0, optimizer_calls=0, optimizer_tokens=0,
+                        accepted=False, charged_s=258.0)]
+    (row,) = factorial([ArmResult("serial", 0, test_acc=0.5, curve=curve, budget_s=600.0)], 0.5)[0]
+    assert row.reached == 0 and row.time_to_target is not None and row.time_to_target.value == 600.0
+    assert row.auc is None
+
+
 def test_show_names_what_each_round_decided() -> None:
     """`ecdysis show`'s rounds table: a validation cut short is undecided, never shown as a rejection."""
     from ecdysis.cli.views import round_verdict

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .compare_results import TRAINED, ArmResult, curve_split, rate_tables, score, time_of
+from .compare_results import TRAINED, ArmResult, rate_tables, score, time_of
 from .compare_stats import (
     Estimate,
     auc,
@@ -42,6 +42,7 @@ class FactorRow:
     speedup: Estimate | None  # RMST(without) / RMST(arm): > 1, the factor reaches the target sooner
     auc_diff: Estimate | None  # AUC(arm) - AUC(without), per seed
     test_diff: Estimate | None  # paired per-task test difference arm - without
+    seeds: int = 0  # the seeds both arms ran: what the three are paired over
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class Registration:
     budget_s: float | None = None
     min_speedup: float = 2.0  # the claim holds at a speed-up of at least this, its interval above 1
     test_margin: float = 0.05  # ... and the paired test difference's interval above -test_margin
+    seeds: int | None = None  # the registered number of seeds: a contrast over fewer is interim, not decided
 
     @classmethod
     def resolve(cls, target: float | None, budget_s: float | None, path: Path | None) -> Registration | None:
@@ -72,17 +74,20 @@ class Registration:
             target = float(data["target"])
             budget = data.get("budget_s")
             rule = {k: data[k] for k in ("min_speedup", "test_margin") if k in data}
-            unknown = set(data) - {"target", "budget_s", "min_speedup", "test_margin"}
+            unknown = set(data) - {"target", "budget_s", "min_speedup", "test_margin", "seeds"}
             if unknown:
                 raise ValueError(f"unknown keys {sorted(unknown)}")
             if not all(type(v) in (int, float) and math.isfinite(v) for v in rule.values()) or \
                     rule.get("min_speedup", 1) <= 0 or rule.get("test_margin", 0) < 0:
                 raise ValueError("min_speedup must be a number > 0 and test_margin a number >= 0")
+            seeds = data.get("seeds")
+            if seeds is not None and (type(seeds) is not int or seeds < 1):
+                raise ValueError(f"seeds must be a whole number >= 1 (got {seeds!r})")
             rule = {k: float(v) for k, v in rule.items()}
-            return cls(target, float(budget) if budget is not None else None, **rule)
+            return cls(target, float(budget) if budget is not None else None, seeds=seeds, **rule)
         except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: not a registration file ({exc!r}); it needs `target = <val accuracy>` and "
-                             "may set `budget_s = <charged seconds>`, `min_speedup`, `test_margin`") from None
+                             "may set `budget_s = <charged seconds>`, `min_speedup`, `test_margin`, `seeds`") from None
 
 
 @dataclass
@@ -95,6 +100,7 @@ class FactorialRow:
     test_acc: Estimate | None = None
     test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
     speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
+    paired_seeds: dict[str, int] | None = None  # reference arm -> seeds both ran (what test_vs, speedup_vs pair)
     tokens: Estimate | None = None  # training tokens a cold run spends (best-of-k: its samples)
     time_parts: dict[str, float] | None = None  # where the charged seconds went: mean over seeds (`time_parts`)
 
@@ -103,8 +109,9 @@ class FactorialRow:
 
 
 def points(result: ArmResult) -> list[tuple[float, float | None]]:
-    split = curve_split(result.curve)
-    return [(time_of(p), score(p, split)) for p in result.curve]
+    """(charged s, val accuracy) per curve point: the target is a val accuracy, so a point without a val score
+    reaches nothing (never its train score instead)."""
+    return [(time_of(p), score(p, "val")) for p in result.curve]
 
 
 def by_arm_and_seed(results: list[ArmResult]) -> dict[str, dict[int, ArmResult]]:
@@ -166,6 +173,7 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
             row.speedup_vs = {ref: speedup_estimate(obs.get(ref, {}), arm_obs, tau, reps, seed)
                               for ref in refs if ref != arm and ref in obs}
         row.test_vs = {ref: paired_estimate(tests[arm], tests[ref], reps, seed) for ref in refs if ref != arm}
+        row.paired_seeds = {ref: len(set(runs) & set(by_arm[ref])) for ref in refs if ref != arm}
         row.time_parts = mean_parts(list(runs.values()))
         rows.append(row)
     return rows, tau, source
@@ -187,7 +195,8 @@ def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int =
                 and (y := auc(points(b[s]), tau)) is not None]
         tests = [{s: r.test_per_task for s, r in runs.items() if r.test_per_task} for runs in (a, b)]
         rows.append(FactorRow(factor, arm, without, speedup_estimate(obs[without], obs[arm], tau, reps, seed),
-                              mean_estimate(aucs, reps, seed), paired_estimate(tests[0], tests[1], reps, seed)))
+                              mean_estimate(aucs, reps, seed), paired_estimate(tests[0], tests[1], reps, seed),
+                              len(both)))
     return rows
 
 
@@ -264,6 +273,12 @@ def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
     return "–" if e is None else e.text(digits, signed)
 
 
+def _paired(e: Estimate | None, shared: int | None, seeds: int, digits: int = 3, signed: bool = False) -> str:
+    """A paired cell, naming the seeds it pairs over when they are fewer than the row's own."""
+    text = _cell(e, digits, signed)
+    return text if e is None or shared is None or shared >= seeds else f"{text} ({shared} of {seeds} seeds)"
+
+
 def factorial_table(rows: list[FactorialRow], target: float, tau: float, source: str,
                     rates: str = "not recorded") -> Table:
     refs = sorted({ref for r in rows for ref in {**(r.test_vs or {}), **(r.speedup_vs or {})}},
@@ -280,7 +295,9 @@ def factorial_table(rows: list[FactorialRow], target: float, tau: float, source:
         reached = "–" if r.reached is None or r.time_to_target is None else f"{r.reached}/{r.time_to_target.n}"
         cells = [r.arm, str(r.seeds), reached, _cell(r.time_to_target, 0), _cell(r.auc), _cell(r.test_acc)]
         for ref in refs:
-            cells += [_cell((r.test_vs or {}).get(ref), signed=True), _cell((r.speedup_vs or {}).get(ref), 2)]
+            shared = (r.paired_seeds or {}).get(ref)
+            cells += [_paired((r.test_vs or {}).get(ref), shared, r.seeds, signed=True),
+                      _paired((r.speedup_vs or {}).get(ref), shared, r.seeds, 2)]
         cells.append(_cell(r.tokens, 0))
         table.add_row(*cells)
     return table
@@ -305,9 +322,10 @@ def factor_table(factors: list[FactorRow]) -> Table:
     """One row per factor: what adding it changes, paired over seeds (speed-up > 1: the target sooner)."""
     table = Table(title="Per factor: the arm with it against the arm without it, paired over seeds; "
                         "mean [95% bootstrap interval]")
-    for name in ("factor", "arm vs without", "speed-up to target", "AUC difference", "test difference (paired)"):
+    for name in ("factor", "arm vs without", "seeds", "speed-up to target", "AUC difference",
+                 "test difference (paired)"):
         table.add_column(name, justify="left" if name in ("factor", "arm vs without") else "right")
     for f in factors:
-        table.add_row(f.factor, f"{f.arm} vs {f.without}", _cell(f.speedup, 2), _cell(f.auc_diff, signed=True),
-                      _cell(f.test_diff, signed=True))
+        table.add_row(f.factor, f"{f.arm} vs {f.without}", str(f.seeds), _cell(f.speedup, 2),
+                      _cell(f.auc_diff, signed=True), _cell(f.test_diff, signed=True))
     return table

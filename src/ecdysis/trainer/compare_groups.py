@@ -78,24 +78,25 @@ class GroupReport:
     reference: str | None
 
     def table(self) -> Table:
-        """Test accuracy per arm and group (n = seed x task pairs); with the reference, the paired difference."""
-        title = "Test accuracy by task group" + (
-            f" (paired difference vs {self.reference}, 95% CI)" if self.reference else "")
+        """Test accuracy per arm and group over the arm's own (seed, task) pairs (n); with the reference, the
+        paired difference over the pairs both arms scored (its n named when fewer: seeds the reference lacks)."""
+        title = "Test accuracy by task group, n = (seed, task) pairs" + (
+            f"; paired difference vs {self.reference}, 95% CI" if self.reference else "")
         table = Table(title=title)
         table.add_column("arm")
         for g in self.groups:
-            n = max((row[g].n for row in self.cells.values() if g in row), default=0)
-            table.add_column(f"{g} (n={n})", justify="right")
+            table.add_column(g, justify="right")
         for arm, row in self.cells.items():
             out = []
             for g in self.groups:
                 cell = row.get(g)
                 if cell is None:
                     out.append("–")
-                elif cell.difference is not None:
-                    out.append(f"{cell.accuracy:.3f}\n{cell.difference.text(signed=True)}")
-                else:
-                    out.append(f"{cell.accuracy:.3f}")
+                    continue
+                text = f"{cell.accuracy:.3f} (n={cell.n})"
+                if (d := cell.difference) is not None:
+                    text += f"\n{d.text(signed=True)}" + (f" (n={d.n})" if d.n != cell.n else "")
+                out.append(text)
             table.add_row(arm, *out)
         return table
 

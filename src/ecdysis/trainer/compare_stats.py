@@ -87,13 +87,13 @@ def restricted_mean(observations: Sequence[TimeToTarget], tau: float) -> float:
 
 def auc(points: Sequence[tuple[float, float | None]], tau: float) -> float | None:
     """The time-averaged score of a step curve on [0, tau]: each (time, score) point's score holds until the next
-    point; the first score holds from 0 (every arm starts from the seed harness); a point without a score keeps
-    the last known one; the last holds until tau. None when no point has a score."""
+    point; the first point's score holds from 0 (every arm starts from the seed harness, whose evaluation is the
+    first point); a later point without a score keeps the last known one; the last holds until tau. None when
+    the first point has no score (where the curve starts is unknown: a later score is never carried back)."""
     ordered = sorted(points, key=lambda p: p[0])
-    known = [s for _, s in ordered if s is not None]
-    if not known or tau <= 0:
+    if not ordered or ordered[0][1] is None or tau <= 0:
         return None
-    area, last_time, current = 0.0, 0.0, known[0]
+    area, last_time, current = 0.0, 0.0, ordered[0][1]
     for time, score in ordered:
         time = min(max(time, 0.0), tau)
         area += current * (time - last_time)

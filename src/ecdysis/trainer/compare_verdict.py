@@ -9,7 +9,9 @@
   interval lies above 1 or its AUC-difference interval above 0, and its paired test difference's interval lies
   above `-test_margin`.
 
-An estimate without an interval (one seed) never meets a condition on its interval.
+An estimate without an interval (one seed) never meets a condition on its interval. When the registration
+names its number of seeds, a contrast paired over fewer is *interim*: its rule is applied and shown, but nothing
+is decided (the claim and the factors read "not decided") until every registered seed has run.
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ class Verdict:
     why: str  # what was met, or every condition that was not
     speedup: Estimate | None
     test_diff: Estimate | None
+    seeds: int = 0  # the seeds both arms ran
+    decided: bool = True  # False: fewer seeds than registered, an interim reading
+
+    @property
+    def outcome(self) -> str:
+        text = "holds" if self.holds else "miss"
+        return text if self.decided else f"interim: {text}"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
@@ -51,6 +60,15 @@ def _unmet_test(test: Estimate | None, margin: float) -> str | None:
     if not _above(test, -margin):
         return f"test difference not shown above -{margin:g} ({_low(test, '+.3f')})"
     return None
+
+
+def interim(seeds: int, rule: Registration) -> bool:
+    """Whether a contrast over `seeds` paired seeds falls short of the registered number."""
+    return rule.seeds is not None and seeds < rule.seeds
+
+
+def _short(seeds: int, rule: Registration) -> str:
+    return f"{seeds} of {rule.seeds} registered seeds"
 
 
 def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict]:
@@ -76,19 +94,28 @@ def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict
             if (why := _unmet_test(test, rule.test_margin)) is not None:
                 unmet.append(why)
             met = f"speed-up {_cell(speed, 2)}, test {_cell(test, signed=True)}"
-            out.append(Verdict(arm, ref, not unmet, "; ".join(unmet) if unmet else met, speed, test))
+            seeds = (row.paired_seeds or {}).get(ref, 0)
+            why = "; ".join(unmet) if unmet else met
+            if interim(seeds, rule):
+                why = f"{_short(seeds, rule)}: {why}"
+            out.append(Verdict(arm, ref, not unmet, why, speed, test, seeds, not interim(seeds, rule)))
     return out
 
 
 def overall(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
-    """Per aggregation arm, the claim as registered: it must hold against `serial+library`, not only `serial`.
-    (arm, "holds" / "miss" / "not decided", why)."""
+    """Per aggregation arm, the claim as registered: it must hold against `serial+library`, not only `serial`,
+    over every registered seed. (arm, "holds" / "miss" / "not decided", why)."""
     out = []
     for arm in dict.fromkeys(v.arm for v in verdicts):
         against = {v.against: v for v in verdicts if v.arm == arm}
         missed = [ref for ref, v in against.items() if not v.holds]
+        short = [f"against {ref} over {v.seeds} seed{'' if v.seeds == 1 else 's'}"
+                 for ref, v in against.items() if not v.decided]
         if "serial+library" not in against:
             out.append((arm, "not decided", "serial+library did not run"))
+        elif short:
+            reading = f"misses against {', '.join(missed)}" if missed else "holds so far"
+            out.append((arm, "not decided", f"interim ({reading}): {'; '.join(short)}"))
         elif missed:
             out.append((arm, "miss", f"misses against {', '.join(missed)}"))
         else:
@@ -97,17 +124,22 @@ def overall(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
 
 
 def factor_gains(factors: list[FactorRow], rule: Registration) -> dict[str, tuple[bool, str]]:
-    """factor -> (shows a gain, why)."""
+    """factor -> (shows a gain, why); an interim factor (fewer seeds than registered) starts its why with
+    "interim"."""
     out = {}
     for f in factors:
-        sooner, higher = _above(f.speedup, 1.0), _above(f.auc_diff, 0.0)
-        test = _unmet_test(f.test_diff, rule.test_margin)
-        if not (sooner or higher):
-            out[f.factor] = (False, "neither the speed-up interval above 1 nor the AUC difference's above 0")
-        else:
-            shown = "speed-up interval above 1" if sooner else "AUC difference interval above 0"
-            out[f.factor] = (test is None, shown if test is None else f"{shown}, but {test}")
+        gain, why = _gain(f, rule)
+        out[f.factor] = (gain, f"interim, {_short(f.seeds, rule)}: {why}" if interim(f.seeds, rule) else why)
     return out
+
+
+def _gain(f: FactorRow, rule: Registration) -> tuple[bool, str]:
+    sooner, higher = _above(f.speedup, 1.0), _above(f.auc_diff, 0.0)
+    test = _unmet_test(f.test_diff, rule.test_margin)
+    if not (sooner or higher):
+        return False, "neither the speed-up interval above 1 nor the AUC difference's above 0"
+    shown = "speed-up interval above 1" if sooner else "AUC difference interval above 0"
+    return test is None, shown if test is None else f"{shown}, but {test}"
 
 
 @dataclass(frozen=True)
@@ -119,6 +151,7 @@ class Verdicts:
     contrasts: list[Verdict]
     claim: list[tuple[str, str, str]]  # (arm, "holds" / "miss" / "not decided", why)
     gains: dict[str, tuple[bool, str]]  # factor -> (shows a gain, why)
+    interim_factors: frozenset[str] = frozenset()  # factors paired over fewer seeds than registered
 
     def __bool__(self) -> bool:
         return bool(self.contrasts or self.gains)
@@ -131,22 +164,27 @@ class Verdicts:
         for name in ("contrast", "verdict", "why"):
             table.add_column(name)
         for v in self.contrasts:
-            table.add_row(f"{v.arm} vs {v.against}", "holds" if v.holds else "miss", v.why)
+            table.add_row(f"{v.arm} vs {v.against}", v.outcome, v.why)
         for arm, outcome, why in self.claim:
             table.add_row(f"the claim, {arm}", outcome, why)
         for factor, (gain, why) in self.gains.items():
-            table.add_row(f"factor: {factor}", "gain" if gain else "no gain", why)
+            outcome = "gain" if gain else "no gain"
+            table.add_row(f"factor: {factor}", f"interim: {outcome}" if factor in self.interim_factors else outcome,
+                          why)
         return table
 
     def to_dict(self) -> dict[str, object]:
         """The verdicts as `factorial.json` keeps them."""
         return {"verdicts": [v.to_dict() for v in self.contrasts],
                 "claim": {arm: {"outcome": outcome, "why": why} for arm, outcome, why in self.claim},
-                "factor_gains": {f: {"gain": g, "why": why} for f, (g, why) in self.gains.items()}}
+                "factor_gains": {f: {"gain": g, "why": why, "decided": f not in self.interim_factors}
+                                 for f, (g, why) in self.gains.items()},
+                "registered_seeds": self.rule.seeds}
 
 
 def verdicts(report: FactorialReport) -> Verdicts:
     """The registration's rules applied to a factorial report."""
     contrasts = claim_verdicts(report.rows, report.registration)
-    return Verdicts(report.registration, contrasts, overall(contrasts),
-                    factor_gains(report.factors, report.registration))
+    rule = report.registration
+    return Verdicts(rule, contrasts, overall(contrasts), factor_gains(report.factors, rule),
+                    frozenset(f.factor for f in report.factors if interim(f.seeds, rule)))
