@@ -139,6 +139,11 @@ def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_noth
     assert "interim: miss" in out.output and "not decided" in out.output
     saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
     assert saved["registered_seeds"] == 8 and saved["factor_gains"]["aggregation"]["decided"] is False
+    overridden = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered",
+                                          str(tmp_path / "reg.toml"), "--target", "0.4"], terminal_width=300)
+    assert overridden.exit_code == 0 and "Not the registered protocol" in overridden.output
+    assert "target 0.4 instead of the registered 0.5" in overridden.output
+    assert "Not the registered protocol" not in out.output
     (tmp_path / "bad.toml").write_text("target = 0.5\nseeds = 0\n")
     with pytest.raises(ValueError, match="seeds must be a whole number"):
         Registration.read(tmp_path / "bad.toml")

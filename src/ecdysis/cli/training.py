@@ -162,6 +162,9 @@ def compare_summary(
     report = factorial_report(pooled, plan) if plan is not None else None
     decided: dict[str, object] = {}
     if report is not None:
+        if plan is not None and registered is not None and (changed := plan.departures(Registration.read(registered))):
+            console.print(f"Not the registered protocol ({registered}): {'; '.join(changed)} (command line).",
+                          style="yellow", markup=False, highlight=False)
         console.print(report.table())
         if (early := report.early_text()) is not None:
             console.print(early, style="yellow", markup=False, highlight=False)

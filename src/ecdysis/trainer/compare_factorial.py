@@ -66,6 +66,14 @@ class Registration:
         return replace(base, target=target if target is not None else base.target,
                        budget_s=budget_s if budget_s is not None else base.budget_s)
 
+    def departures(self, registered: Registration | None) -> list[str]:
+        """What this plan changes of the registration file's values (a command-line override), said plainly."""
+        if registered is None:
+            return []
+        return [f"{name} {new:g} instead of the registered {old:g}" for name, new, old in
+                (("target", self.target, registered.target), ("budget_s", self.budget_s, registered.budget_s))
+                if old is not None and new is not None and new != old]
+
     @classmethod
     def read(cls, path: Path) -> Registration:
         """From a TOML file with `target` (and optionally `budget_s`); ValueError naming the file otherwise."""
