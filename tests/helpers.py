@@ -118,3 +118,20 @@ def make_ws(tmp_path: Path, roles: Roles, agent: ScriptedModel, *overrides: str,
     return scripted_workspace(cfg, agent, roles)
 
 
+
+
+def registered_summary(tmp_path: Path, results: Sequence[Any], registration: str, *args: str) -> tuple[str, Any]:
+    """`ecdysis compare-summary --registered` on `results` (written to tmp_path/cmp) under the registration TOML
+    text `registration`, with `--out tmp_path/pooled` and any further `args`: its output (exit 0 asserted) and
+    the factorial.json it wrote."""
+    from typer.testing import CliRunner
+
+    from ecdysis.cli.main import app
+    from ecdysis.trainer.compare_results import write_results
+
+    write_results(list(results), tmp_path / "cmp")
+    (tmp_path / "reg.toml").write_text(registration)
+    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
+                                   "--out", str(tmp_path / "pooled"), *args], terminal_width=300)
+    assert out.exit_code == 0, out.output
+    return out.output, json.loads((tmp_path / "pooled" / "factorial.json").read_text())

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import BOXED_SPEC, ROLES, Roles, jsonl_project
+from helpers import BOXED_SPEC, ROLES, Roles, jsonl_project, registered_summary
 
 from ecdysis.config import load_config
 from ecdysis.models import ChatRequest, Message, MeteredModel, ResponseCache, ScriptedModel
@@ -327,8 +327,6 @@ def test_a_bad_rates_file_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
-    import json
-
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
@@ -338,18 +336,13 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     parts = [{"agent": 220.0, "sandbox": 10.0, "serial": 70.0}, {"agent": 180.0, "sandbox": 10.0, "serial": 110.0}]
     results = [ArmResult("serial", s, test_acc=0.5, curve=curve, budget_s=600.0, test_per_task={"a": 1.0},
                          charged_parts=parts[s], rates_version="7") for s in (0, 1)]
-    write_results(results, tmp_path / "cmp")
-    (tmp_path / "reg.toml").write_text("target = 0.6\nbudget_s = 500\n")
-    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
-                                   "--out", str(tmp_path / "pooled")], terminal_width=250)
-    assert out.exit_code == 0, out.output
-    assert "Factorial table: val target 0.6, budget τ = 500" in out.output and "rate table 7)" in out.output
-    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    printed, saved = registered_summary(tmp_path, results, "target = 0.6\nbudget_s = 500\n")
+    assert "Factorial table: val target 0.6, budget τ = 500" in printed and "rate table 7)" in printed
     assert saved["budget_s"] == 500 and saved["rows"][0]["reached"] == 2 and saved["rates_version"] == "7"
     # where the time went, mean over the seeds: the seed evaluation (step 0) apart from the other episodes
     assert saved["rows"][0]["time_parts"] == {"seed evaluation": 100.0, "candidate episodes": 110.0, "serial": 90.0}
-    assert "Where the charged time went" in out.output and "Per factor" not in out.output  # serial alone
-    assert re.search(r"serial\s+│\s+100\s+│\s+110\s+│\s+90\s+│\s+300", out.output), out.output
+    assert "Where the charged time went" in printed and "Per factor" not in printed  # serial alone
+    assert re.search(r"serial\s+│\s+100\s+│\s+110\s+│\s+90\s+│\s+300", printed), printed
     # a seed charged under another rate table does not pool with them: its charged seconds are another unit
     write_results([ArmResult("serial", 2, test_acc=0.5, curve=curve, rates_version="8")], tmp_path / "cmp8")
     out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), str(tmp_path / "cmp8"), "--target", "0.6"],

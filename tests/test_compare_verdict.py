@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from helpers import registered_summary
 
 from ecdysis.trainer.compare_factorial import FactorialRow, FactorRow, Registration
 from ecdysis.trainer.compare_results import ArmResult
@@ -74,21 +74,11 @@ def _curve(arm: str, at: float) -> list[CurvePoint]:
 
 
 def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thresholds(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from ecdysis.cli.main import app
-    from ecdysis.trainer.compare_results import write_results
-
     tasks = {"a": 1.0, "b": 0.0}
     results = [ArmResult(arm, s, test_acc=0.5, curve=_curve(arm, at + 10 * s), budget_s=1000.0, test_per_task=tasks)
                for s in (0, 1, 2) for arm, at in (("serial+library", 600.0), ("aggregate", 250.0))]
-    write_results(results, tmp_path / "cmp")
-    (tmp_path / "reg.toml").write_text("target = 0.5\nbudget_s = 1000\nmin_speedup = 3\n")
-    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
-                                   "--out", str(tmp_path / "pooled")], terminal_width=250)
-    assert out.exit_code == 0, out.output
-    assert "claim holds at speed-up >= 3" in out.output
-    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    printed, saved = registered_summary(tmp_path, results, "target = 0.5\nbudget_s = 1000\nmin_speedup = 3\n")
+    assert "claim holds at speed-up >= 3" in printed
     (verdict,) = saved["verdicts"]
     assert verdict["arm"] == "aggregate" and verdict["against"] == "serial+library" and not verdict["holds"]
     assert verdict["why"] == "speed-up 2.35 < 3"  # 610 / 260 s; its interval is above 1, the test equal
@@ -106,11 +96,7 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
 def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_nothing(tmp_path: Path) -> None:
     """Pooling seed 0 (every arm) with seed 1 (only `serial+library` so far): the paired cells name the seeds they
     pair over, and with `seeds = 8` registered every verdict is an interim reading, the claim "not decided"."""
-    from typer.testing import CliRunner
-
-    from ecdysis.cli.main import app
     from ecdysis.trainer.compare_factorial import factorial_report
-    from ecdysis.trainer.compare_results import write_results
     from ecdysis.trainer.compare_verdict import verdicts
 
     tasks = {"a": 1.0, "b": 0.0}
@@ -131,19 +117,13 @@ def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_noth
     assert decided.interim_factors == {"aggregation"}
     # registered over 1 seed, the same results decide
     assert verdicts(factorial_report(results, Registration(0.5, 1000.0, seeds=1))).contrasts[0].decided
-    write_results(results, tmp_path / "cmp")
-    (tmp_path / "reg.toml").write_text("target = 0.5\nbudget_s = 1000\nseeds = 8\n")
-    out = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered", str(tmp_path / "reg.toml"),
-                                   "--out", str(tmp_path / "pooled")], terminal_width=300)
-    assert out.exit_code == 0, out.output
-    assert "interim: miss" in out.output and "not decided" in out.output
-    saved = json.loads((tmp_path / "pooled" / "factorial.json").read_text())
+    registration = "target = 0.5\nbudget_s = 1000\nseeds = 8\n"
+    printed, saved = registered_summary(tmp_path, results, registration)
+    assert "interim: miss" in printed and "not decided" in printed
     assert saved["registered_seeds"] == 8 and saved["factor_gains"]["aggregation"]["decided"] is False
-    overridden = CliRunner().invoke(app, ["compare-summary", str(tmp_path / "cmp"), "--registered",
-                                          str(tmp_path / "reg.toml"), "--target", "0.4"], terminal_width=300)
-    assert overridden.exit_code == 0 and "Not the registered protocol" in overridden.output
-    assert "target 0.4 instead of the registered 0.5" in overridden.output
-    assert "Not the registered protocol" not in out.output
+    assert "Not the registered protocol" not in printed
+    overridden, _ = registered_summary(tmp_path, results, registration, "--target", "0.4")
+    assert "Not the registered protocol" in overridden and "target 0.4 instead of the registered 0.5" in overridden
     (tmp_path / "bad.toml").write_text("target = 0.5\nseeds = 0\n")
     with pytest.raises(ValueError, match="seeds must be a whole number"):
         Registration.read(tmp_path / "bad.toml")

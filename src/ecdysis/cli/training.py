@@ -152,7 +152,8 @@ def compare_summary(
 
     try:
         pooled = pool_results(results)
-        plan = Registration.resolve(target, budget_s, registered)
+        registration = Registration.read(registered) if registered is not None else None
+        plan = Registration.resolve(target, budget_s, registration)
         by_group = group_report(pooled, read_groups(groups), reference) if groups is not None else None
     except ValueError as exc:
         fail(str(exc))
@@ -162,7 +163,7 @@ def compare_summary(
     report = factorial_report(pooled, plan) if plan is not None else None
     decided: dict[str, object] = {}
     if report is not None:
-        if plan is not None and registered is not None and (changed := plan.departures(Registration.read(registered))):
+        if plan is not None and (changed := plan.departures(registration)):
             console.print(f"Not the registered protocol ({registered}): {'; '.join(changed)} (command line).",
                           style="yellow", markup=False, highlight=False)
         console.print(report.table())

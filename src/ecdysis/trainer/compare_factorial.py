@@ -57,9 +57,10 @@ class Registration:
     seeds: int | None = None  # the registered number of seeds: a contrast over fewer is interim, not decided
 
     @classmethod
-    def resolve(cls, target: float | None, budget_s: float | None, path: Path | None) -> Registration | None:
-        """The command line's target and budget, each defaulting to the registration file's; None: no target."""
-        registered = cls.read(path) if path is not None else None
+    def resolve(cls, target: float | None, budget_s: float | None,
+                registered: Registration | None) -> Registration | None:
+        """The command line's target and budget, each defaulting to the registration file's (`read`); None: no
+        target."""
         if target is None and registered is None:
             return None
         base = registered if registered is not None else cls(target)  # type: ignore[arg-type]
