@@ -93,6 +93,26 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
             Registration.read(tmp_path / "bad.toml")
 
 
+def test_the_summary_markdown_holds_every_printed_table_with_the_printed_numbers(tmp_path: Path) -> None:
+    """`--out` writes summary.md: the factorial and verdict tables as Markdown rows whose cells are the printed
+    ones (markup dropped, right-aligned numbers), so a README quotes them instead of retyping them."""
+    tasks = {"a": 1.0, "b": 0.0}
+    results = [ArmResult(arm, s, test_acc=0.5, curve=_curve(arm, at + 10 * s), budget_s=1000.0, test_per_task=tasks)
+               for s in (0, 1, 2) for arm, at in (("serial+library", 600.0), ("aggregate", 250.0))]
+    printed, saved = registered_summary(tmp_path, results, "target = 0.5\nbudget_s = 1000\n")
+    markdown = (tmp_path / "pooled" / "summary.md").read_text()
+    tables = [block for block in markdown.split("\n\n") if block.startswith("| ")]
+    assert len(tables) >= 5  # compare, summary, factorial, per factor, verdicts
+    factorial = next(t for t in tables if "charged s to target" in t)
+    header, rule, *rows = factorial.splitlines()
+    assert header.startswith("| arm | seeds | reached |") and rule.startswith("|---|---:|---:|")
+    (agg,) = [r.split(" | ") for r in rows if r.startswith("| aggregate |")]
+    assert agg[1:3] == ["3", "3/3"] and agg[3] == "260 [250, 270]"  # RMST over the seeds' 250/260/270 s
+    assert "[bold]" not in markdown and "─" not in markdown and "━" not in markdown
+    assert "| the claim, aggregate | holds | holds against serial+library |" in markdown
+    assert saved["claim"]["aggregate"]["outcome"] == "holds"
+
+
 def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_nothing(tmp_path: Path) -> None:
     """Pooling seed 0 (every arm) with seed 1 (only `serial+library` so far): the paired cells name the seeds they
     pair over, and with `seeds = 8` registered every verdict is an interim reading, the claim "not decided"."""

@@ -6,7 +6,8 @@
 # Every seed under rate table v4, each resumable (run the same command after a kill: it goes on where it
 # stopped). Task data from $DATA_DIR (default ../shared/data beside the checkout).
 #   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
-#   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/
+#   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/,
+#                                                  # and every export pooled -> benchmarks/results/SUITE/pooled
 # Machines here are fresh each session, so finished arms are exported to
 # benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) after every
 # seed, when the script is stopped or a compare fails, and with --export; commit the export before the session
@@ -19,9 +20,11 @@ SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export]}"
 [[ -x "$BIN/ecdysis" ]] || { echo "error: $BIN/ecdysis not found; run \`make -C $ROOT models\` first" >&2; exit 2; }
 case "$SUITE" in
   designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
-    OUT="$ROOT/benchmarks/results/designed"; DATA=() ;;  # the suite file is named by the config
+    OUT="$ROOT/benchmarks/results/designed"; DATA=()  # the suite file is named by the config
+    REGISTERED="$ROOT/benchmarks/designed/registered.toml"; KINDS="$ROOT/runs/designed.kinds.json" ;;
   gsm8k|dbbench) CONFIG="$ROOT/benchmarks/claim/$SUITE.toml"; LAST=2; RUNS="$ROOT/runs/claim-$SUITE"
-    OUT="$ROOT/benchmarks/results/claim-$SUITE"; DATA=(--data-dir "${DATA_DIR:-$(cd "$ROOT/.." && pwd)/shared/data}") ;;
+    OUT="$ROOT/benchmarks/results/claim-$SUITE"; DATA=(--data-dir "${DATA_DIR:-$(cd "$ROOT/.." && pwd)/shared/data}")
+    REGISTERED="$ROOT/benchmarks/claim/$SUITE.registered.toml"; KINDS="" ;;
   *) echo "error: unknown suite '$SUITE'; one of designed, gsm8k, dbbench" >&2; exit 2 ;;
 esac
 ARMS=(fixed serial serial+library aggregate ecdysis)
@@ -41,6 +44,18 @@ export_seed() {  # the finished arms of one seed's run directory (its store, whi
   fi
 }
 
+pool_exports() {  # every machine's exported seeds, under the registration -> $OUT/pooled (summary.md: the tables)
+  local seeds=("$OUT"/seed[0-9]*) groups=()
+  [[ -e "${seeds[0]}" ]] || return 0
+  [[ -n "$KINDS" && -f "$KINDS" ]] && groups=(--groups "$KINDS")
+  if "$BIN/ecdysis" compare-summary "${seeds[@]}" --registered "$REGISTERED" ${groups[@]+"${groups[@]}"} \
+      --out "$OUT/pooled" > /dev/null 2>&1; then
+    echo "pooled ${#seeds[@]} exports -> $OUT/pooled/summary.md"
+  else
+    echo "pooling the exports failed: run ecdysis compare-summary $OUT/seed* --registered $REGISTERED" >&2
+  fi
+}
+
 exported_elsewhere() {  # arms of seed S that another machine's export already holds
   "$BIN/python" - "$OUT" "$1" "$TAG" <<'EOF'
 import json, pathlib, sys
@@ -55,6 +70,7 @@ if [[ "${2:-}" == "--export" ]]; then
   for dir in "$RUNS"/seed*; do  # seedS only: a store set aside (seed0.failed-...) is never pooled
     [[ -d "$dir" && "${dir##*/seed}" =~ ^[0-9]+$ ]] && export_seed "${dir##*/seed}"
   done
+  pool_exports
   exit 0
 fi
 
@@ -65,7 +81,7 @@ fi
 FIRST="${2:-0}"
 [[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
   echo "error: FIRST should be a seed 0-$LAST or --export (got '$FIRST')" >&2; exit 2; }
-trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING"' EXIT  # a kill or a failed compare exports too
+trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING" && pool_exports' EXIT  # a kill or a failed compare exports too
 for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
   todo=()
@@ -77,5 +93,6 @@ for S in $(seq "$FIRST" "$LAST"); do
     --seeds 1 --set run.seed="$S" --run-dir "$RUNS/seed$S"
   RUNNING=""
   export_seed "$S"
+  pool_exports
   echo "$(date -u +%FT%TZ) $SUITE seed $S done"
 done

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from ..runner.failures import GraderFailed
 from ..serve import cli as serve_cli
@@ -145,6 +146,7 @@ def compare_summary(
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
+    from ..report.markdown import to_markdown
     from ..trainer.compare_factorial import Registration, factorial_report
     from ..trainer.compare_groups import group_report, read_groups
     from ..trainer.compare_results import pool_results, write_results
@@ -158,30 +160,32 @@ def compare_summary(
     except ValueError as exc:
         fail(str(exc))
         return
-    views.compare_table(console, pooled)
-    views.compare_summary(console, pooled)
+    views.show(console, [*views.compare_tables(pooled, console.width), *views.summary_shown(pooled)])
+    shown: list[Table | str] = []  # printed below; in summary.md after the compare table at full width
     report = factorial_report(pooled, plan) if plan is not None else None
     decided: dict[str, object] = {}
     if report is not None:
         if plan is not None and (changed := plan.departures(registration)):
-            console.print(f"Not the registered protocol ({registered}): {'; '.join(changed)} (command line).",
-                          style="yellow", markup=False, highlight=False)
-        console.print(report.table())
+            shown.append(f"Not the registered protocol ({registered}): {'; '.join(changed)} (command line).")
+        shown.append(report.table())
         if (early := report.early_text()) is not None:
-            console.print(early, style="yellow", markup=False, highlight=False)
-        for extra in (report.factor_table(), report.time_table()):
-            if extra is not None:
-                console.print(extra)
+            shown.append(early)
+        shown += [extra for extra in (report.factor_table(), report.time_table()) if extra is not None]
         decided_by_rules = verdicts(report)
         if decided_by_rules:
-            console.print(decided_by_rules.table())
+            shown.append(decided_by_rules.table())
         decided = decided_by_rules.to_dict()
     if by_group is not None:
-        console.print(by_group.table())
+        shown.append(by_group.table())
+    for item in shown:  # plain lines here are warnings: a departure, an arm that stopped early
+        console.print(item, style=None if isinstance(item, Table) else "yellow", markup=False, highlight=False)
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:
             report.write(out / "factorial.json", **decided)
         if by_group is not None:
             (out / "groups.json").write_text(json.dumps(by_group.to_dict(), indent=1))
+        sources = ", ".join(str(path) for path in results)
+        everything = [*views.compare_tables(pooled, 10**6), *views.summary_shown(pooled), *shown]
+        (out / "summary.md").write_text(to_markdown(everything, f"compare-summary of {sources}"))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")

@@ -160,15 +160,22 @@ LABEL_MIN = 28  # the measure column may wrap down to this; value columns never 
 
 
 def compare_table(console: Console, results: list[Any]) -> None:
+    """Print `compare_tables` at the console's width."""
+    for table in compare_tables(results, console.width):
+        console.print(table)
+
+
+def compare_tables(results: list[Any], width: int) -> list[Table]:
     """One column per arm and seed, one row per measure, in sections that keep units apart (accuracies, training
     costs, ratios); rows no arm has a value for are left out (`trainer.compare_table`). Columns that do not fit
-    the console's width go to further tables (one per seed when a seed's columns fit), never squeezed."""
+    `width` go to further tables (one per seed when a seed's columns fit), never squeezed."""
     from ..trainer.compare_table import DASH, column_label, compare_sections
 
     sections = compare_sections(results)
     widths = [max(len(column_label(r)), *(len(cells[i]) for s in sections for _, cells in s.rows)) + 3
               for i, r in enumerate(results)]
-    chunks = column_chunks(results, widths, console.width - LABEL_MIN - 4)
+    chunks = column_chunks(results, widths, width - LABEL_MIN - 4)
+    tables = []
     for n, chunk in enumerate(chunks):
         part = f" ({n + 1} of {len(chunks)})" if len(chunks) > 1 else ""
         table = Table(title=f"Arms compared (same tasks, models, cache){part}")
@@ -186,7 +193,8 @@ def compare_table(console: Console, results: list[Any]) -> None:
             table.add_row(f"[bold]{section.title}[/]", *([""] * len(chunk)))
             for label, cells in rows:
                 table.add_row(label, *(cells[i] for i in chunk))
-        console.print(table)
+        tables.append(table)
+    return tables
 
 
 def column_chunks(results: list[Any], widths: list[int], room: int) -> list[list[int]]:
@@ -207,15 +215,23 @@ def column_chunks(results: list[Any], widths: list[int], room: int) -> list[list
 
 
 def compare_summary(console: Console, results: list[Any]) -> None:
-    """Mean ± 95% CI per arm over its seeds, or a line saying why there is none (one seed: no interval)."""
+    """Print `summary_shown`: mean ± 95% CI per arm over its seeds, or why there is none."""
+    show(console, summary_shown(results))
+
+
+def show(console: Console, items: list[Table | str]) -> None:
+    """Tables as they are, plain lines dimmed (information, not warnings)."""
+    for item in items:
+        console.print(item, style=None if isinstance(item, Table) else "dim", markup=False, highlight=False)
+
+
+def summary_shown(results: list[Any]) -> list[Table | str]:
+    """The per-arm summary tables over seeds, or the line saying why there are none."""
     from ..trainer.compare_results import summary_tables
 
-    tables = summary_tables(results)
-    if not tables:
-        console.print("[dim]one seed per arm: no confidence interval (use --seeds 2 or more, or pool other seeds' "
-                      "compares with `ecdysis compare-summary`)[/]")
-    for table in tables:
-        console.print(table)
+    tables: list[Table | str] = list(summary_tables(results))
+    return tables or ["one seed per arm: no confidence interval (use --seeds 2 or more, or pool other seeds' "
+                      "compares with `ecdysis compare-summary`)"]
 
 
 def runs_table(console: Console, store: RunStore) -> None:
