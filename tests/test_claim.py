@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 from helpers import BOXED_SPEC, ROLES, Roles, jsonl_project, registered_summary
 
+from ecdysis.compare.factorial import Registration, factor_rows, factorial, factorial_report
+from ecdysis.compare.results import ArmResult, add_ratios
+from ecdysis.compare.run import compare
 from ecdysis.config import load_config
 from ecdysis.models import ChatRequest, Message, MeteredModel, ResponseCache, ScriptedModel
 from ecdysis.models.base import user
 from ecdysis.models.charge import RATES_ENV, rates
 from ecdysis.store import RunStore
 from ecdysis.trainer import records, train_async
-from ecdysis.trainer.compare import compare
-from ecdysis.trainer.compare_factorial import Registration, factor_rows, factorial, factorial_report
-from ecdysis.trainer.compare_results import ArmResult, add_ratios
 from ecdysis.trainer.records import CurvePoint, SerialEdit
 from ecdysis.trainer.targets import target_order
 from ecdysis.workspace import Workspace
@@ -330,7 +330,7 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
-    from ecdysis.trainer.compare_results import write_results
+    from ecdysis.compare.results import write_results
 
     curve = [_point("serial", 0, 100, 0.2), _point("serial", 1, 300, 0.6)]
     parts = [{"agent": 220.0, "sandbox": 10.0, "serial": 70.0}, {"agent": 180.0, "sandbox": 10.0, "serial": 110.0}]

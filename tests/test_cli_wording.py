@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
+from ecdysis.compare.results import ArmResult, add_ratios
 from ecdysis.store import RunStore
-from ecdysis.trainer.compare_results import ArmResult, add_ratios
 
 SEVEN = "scripted:The answer is 7"  # right on the "sevens" suite once `answer_phrase` is enabled
 CAREFUL_RULE = {"patterns_addressed": ["P1"], "changes": [{
@@ -110,8 +110,8 @@ def test_compare_takes_the_models_as_flags_and_shows_only_meaningful_rows(tmp_pa
 
 
 def test_ratios_read_the_right_way_round_and_one_seed_has_no_interval() -> None:
-    from ecdysis.trainer.compare_results import summary_tables
-    from ecdysis.trainer.compare_table import compare_sections
+    from ecdysis.compare.results import summary_tables
+    from ecdysis.compare.table import compare_sections
 
     serial = ArmResult("serial", 0, train_wall_s=400.0, agent_executions=80, test_acc=0.5)
     ecdysis_arm = ArmResult("ecdysis", 0, train_wall_s=200.0, agent_executions=112, test_acc=0.0)

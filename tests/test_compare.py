@@ -15,12 +15,15 @@ import pytest
 from helpers import ROLES, Roles, add_answer, jsonl_project, make_ws
 
 from ecdysis.agent.trajectory import Trajectory
-from ecdysis.config import load_config
-from ecdysis.models import Message, ScriptedModel
-from ecdysis.models.charge import rates
-from ecdysis.store import RunStore
-from ecdysis.trainer.budget import training_spend
-from ecdysis.trainer.compare import (
+from ecdysis.compare.results import (
+    ArmResult,
+    add_ratios,
+    mean_ci,
+    pool_results,
+    summarize,
+    t_critical,
+)
+from ecdysis.compare.run import (
     ARMS,
     best_of_k,
     build_arms,
@@ -30,14 +33,11 @@ from ecdysis.trainer.compare import (
     voted_accuracy,
     write_results,
 )
-from ecdysis.trainer.compare_results import (
-    ArmResult,
-    add_ratios,
-    mean_ci,
-    pool_results,
-    summarize,
-    t_critical,
-)
+from ecdysis.config import load_config
+from ecdysis.models import Message, ScriptedModel
+from ecdysis.models.charge import rates
+from ecdysis.store import RunStore
+from ecdysis.trainer.budget import training_spend
 from ecdysis.trainer.records import CurvePoint
 from ecdysis.workspace import Workspace
 

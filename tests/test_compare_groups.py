@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ecdysis.trainer.compare_groups import UNGROUPED, group_report, read_groups
-from ecdysis.trainer.compare_results import ArmResult
+from ecdysis.compare.groups import UNGROUPED, group_report, read_groups
+from ecdysis.compare.results import ArmResult
 
 GROUPS = {"a": "units", "b": "units", "c": "labels", "d": "labels"}
 
@@ -85,7 +85,7 @@ def test_compare_summary_prints_and_writes_the_group_table(tmp_path: Path) -> No
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
-    from ecdysis.trainer.compare_results import write_results
+    from ecdysis.compare.results import write_results
 
     write_results(results(), tmp_path / "cmp")
     (tmp_path / "g.json").write_text(json.dumps(GROUPS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ecdysis.trainer.compare_stats import (
+from ecdysis.compare.stats import (
     TimeToTarget,
     auc,
     kaplan_meier,

@@ -1,4 +1,4 @@
-"""The registered decision rules applied to the factorial report (`compare_verdict.py`), on known inputs."""
+"""The registered decision rules applied to the factorial report (`compare/verdict.py`), on known inputs."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from helpers import registered_summary
 
-from ecdysis.trainer.compare_factorial import FactorialRow, FactorRow, Registration
-from ecdysis.trainer.compare_results import ArmResult
-from ecdysis.trainer.compare_stats import Estimate
-from ecdysis.trainer.compare_verdict import claim_verdicts, factor_gains, overall
+from ecdysis.compare.factorial import FactorialRow, FactorRow, Registration
+from ecdysis.compare.results import ArmResult
+from ecdysis.compare.stats import Estimate
+from ecdysis.compare.verdict import claim_verdicts, factor_gains, overall
 from ecdysis.trainer.records import CurvePoint
 
 RULE = Registration(0.5, 600.0)
@@ -116,8 +116,8 @@ def test_the_summary_markdown_holds_every_printed_table_with_the_printed_numbers
 def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_nothing(tmp_path: Path) -> None:
     """Pooling seed 0 (every arm) with seed 1 (only `serial+library` so far): the paired cells name the seeds they
     pair over, and with `seeds = 8` registered every verdict is an interim reading, the claim "not decided"."""
-    from ecdysis.trainer.compare_factorial import factorial_report
-    from ecdysis.trainer.compare_verdict import verdicts
+    from ecdysis.compare.factorial import factorial_report
+    from ecdysis.compare.verdict import verdicts
 
     tasks = {"a": 1.0, "b": 0.0}
     results = [ArmResult("serial+library", s, test_acc=0.5, curve=_curve("serial+library", 600.0), budget_s=1000.0,
@@ -150,7 +150,7 @@ def test_a_contrast_over_fewer_seeds_than_registered_is_interim_and_decides_noth
 
 
 def test_the_paired_cells_name_their_seeds_when_fewer_than_the_rows() -> None:
-    from ecdysis.trainer.compare_factorial import _paired
+    from ecdysis.compare.factorial import _paired
 
     e = Estimate(3.0, None, None, 1)
     assert _paired(e, 1, 2, 2) == "3.00 (1 of 2 seeds)"
@@ -160,7 +160,7 @@ def test_the_paired_cells_name_their_seeds_when_fewer_than_the_rows() -> None:
 
 def test_the_factorial_scores_val_only_never_train() -> None:
     """A curve without val scores reaches no val target and has no AUC (its train score is never read as val)."""
-    from ecdysis.trainer.compare_factorial import factorial
+    from ecdysis.compare.factorial import factorial
 
     curve = [CurvePoint(arm="serial", step=0, harness_id="h", val_score=None, train_score=0.75, wall_s=258.0,
                         agent_executions=0, cached_executions=0, optimizer_calls=0, optimizer_tokens=0,

@@ -10,11 +10,11 @@ from helpers import Roles, add_answer, make_ws
 from typer.testing import CliRunner
 
 from ecdysis.cli.main import app
+from ecdysis.compare.results import TRAINED
+from ecdysis.compare.run import ARMS, TrainerArm, arm_class, build_arms
 from ecdysis.models import ScriptedModel
 from ecdysis.trainer import records, train_async
 from ecdysis.trainer.candidates import LIBRARY, PUBLISHED
-from ecdysis.trainer.compare import ARMS, TrainerArm, arm_class, build_arms
-from ecdysis.trainer.compare_results import TRAINED
 from ecdysis.trainer.methods import METHODS, Method, register, trained_methods, trainer_methods
 from ecdysis.trainer.proposers import SerialProposer
 from ecdysis.trainer.records import SpecRecord
@@ -78,7 +78,7 @@ async def test_serial_with_the_library_takes_a_measured_lever_without_a_role_cal
 
 
 async def test_serial_with_the_library_is_a_compare_arm(tmp_path: Path) -> None:
-    from ecdysis.trainer.compare import compare
+    from ecdysis.compare.run import compare
 
     roles = Roles()
     ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), "train.rounds=1",

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from helpers import Roles, add_answer, make_ws
 
+from ecdysis.compare.run import compare
 from ecdysis.models import Message, ScriptedModel
 from ecdysis.report.data import EvalRow, RunView, compare_curves, load_run, summary_card, trajectory_anchor
 from ecdysis.report.html import render_report
 from ecdysis.store import RunStore
 from ecdysis.trainer import train_async
-from ecdysis.trainer.compare import compare
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -94,8 +94,8 @@ def compare(
     ray_address: RayAddressOpt = None,
 ) -> None:
     """Run several arms on the same tasks, models and cache; print and save the comparison table."""
-    from ..trainer.compare import compare as run_compare
-    from ..trainer.compare import write_results
+    from ..compare.run import compare as run_compare
+    from ..compare.run import write_results
     from .runs import AnnouncingWorkspace
 
     if config and config_arg and config.resolve() != config_arg.resolve():
@@ -146,11 +146,11 @@ def compare_summary(
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
+    from ..compare.factorial import Registration, factorial_report
+    from ..compare.groups import group_report, read_groups
+    from ..compare.results import pool_results, write_results
+    from ..compare.verdict import verdicts
     from ..report.markdown import to_markdown
-    from ..trainer.compare_factorial import Registration, factorial_report
-    from ..trainer.compare_groups import group_report, read_groups
-    from ..trainer.compare_results import pool_results, write_results
-    from ..trainer.compare_verdict import verdicts
 
     try:
         pooled = pool_results(results)

@@ -167,9 +167,9 @@ def compare_table(console: Console, results: list[Any]) -> None:
 
 def compare_tables(results: list[Any], width: int) -> list[Table]:
     """One column per arm and seed, one row per measure, in sections that keep units apart (accuracies, training
-    costs, ratios); rows no arm has a value for are left out (`trainer.compare_table`). Columns that do not fit
+    costs, ratios); rows no arm has a value for are left out (`compare.table`). Columns that do not fit
     `width` go to further tables (one per seed when a seed's columns fit), never squeezed."""
-    from ..trainer.compare_table import DASH, column_label, compare_sections
+    from ..compare.table import DASH, column_label, compare_sections
 
     sections = compare_sections(results)
     widths = [max(len(column_label(r)), *(len(cells[i]) for s in sections for _, cells in s.rows)) + 3
@@ -227,7 +227,7 @@ def show(console: Console, items: list[Table | str]) -> None:
 
 def summary_shown(results: list[Any]) -> list[Table | str]:
     """The per-arm summary tables over seeds, or the line saying why there are none."""
-    from ..trainer.compare_results import summary_tables
+    from ..compare.results import summary_tables
 
     tables: list[Table | str] = list(summary_tables(results))
     return tables or ["one seed per arm: no confidence interval (use --seeds 2 or more, or pool other seeds' "

@@ -8,9 +8,9 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
+from ..compare.results import arm_result
+from ..compare.table import column_label, compare_sections
 from ..store.db import RunStore
-from ..trainer.compare_results import arm_result
-from ..trainer.compare_table import column_label, compare_sections
 from .data import (
     VersionNode,
     compare_arms,

@@ -24,8 +24,8 @@ from statistics import mean, stdev
 
 from rich.table import Table
 
-from .methods import trained_methods
-from .records import CurvePoint
+from ..trainer.methods import trained_methods
+from ..trainer.records import CurvePoint
 
 CONFIDENCE = 0.95
 TRAINED = trained_methods()  # arms with a training curve

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .compare_results import TRAINED, ArmResult
-from .methods import METHODS
+from ..trainer.methods import METHODS
+from .results import TRAINED, ArmResult
 
 DASH = "–"
 COSTLY = tuple(n for n, m in METHODS.items() if m.runs != "evaluate")  # arms spending agent episodes of their own

@@ -1,7 +1,7 @@
 """The factorial table of a compare (`compare-summary --target`): per arm, over its seeds, the charged time to a
 pre-registered val accuracy (misses censored at the budget, restricted mean), the AUC of the val-accuracy curve
 over charged time, test accuracy as paired per-task differences against `serial` (and `serial+library` when
-it ran), the speed-up against them, and tokens. The statistics are `compare_stats.py`'s; docs/claim.md says
+it ran), the speed-up against them, and tokens. The statistics are `compare/stats.py`'s; docs/claim.md says
 how to read them.
 """
 
@@ -15,8 +15,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .compare_results import TRAINED, ArmResult, rate_tables, score, time_of
-from .compare_stats import (
+from .results import TRAINED, ArmResult, rate_tables, score, time_of
+from .stats import (
     Estimate,
     auc,
     mean_estimate,
@@ -48,7 +48,7 @@ class FactorRow:
 @dataclass(frozen=True)
 class Registration:
     """What was fixed before any arm ran: the target val accuracy, the budget (charged seconds), and the
-    decision's thresholds (compare_verdict.py; the designed suite's by default)."""
+    decision's thresholds (compare/verdict.py; the designed suite's by default)."""
 
     target: float
     budget_s: float | None = None

@@ -10,7 +10,7 @@ is floor(ecdysis's training spend / one sampled pass over the test tasks), in to
 the model reported them): the spend counts the fresh (non-response-cache) agent calls of ecdysis's training
 evaluations, its test passes excluded, plus its optimizer roles' fresh tokens; the pass is one probe pass of
 the sampled harness. k is capped at `eval.best_of_k_max`; the result keeps the uncapped k. Every arm's row
-keeps its per-task test scores (`test_per_task`: the paired differences of compare_factorial.py).
+keeps its per-task test scores (`test_per_task`: the paired differences of compare/factorial.py).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from ..config import Config
 from ..harness.manifest import HarnessVersion, set_manifest_value, version_from_files
 from ..models.charge import rates
 from ..runner.failures import GraderFailed
+from ..trainer.api import config_key, train_async
+from ..trainer.budget import agent_tokens, cached
+from ..trainer.gepa_arm import train_gepa
+from ..trainer.methods import METHODS, Runs
+from ..trainer.result import TrainResult
+from ..trainer.shared_seed import SharedSeed
 from ..workspace import Workspace
-from .api import config_key, train_async
-from .budget import agent_tokens, cached
-from .compare_results import ArmResult, add_ratios, write_results
-from .gepa_arm import train_gepa
-from .methods import METHODS, Runs
-from .result import TrainResult
-from .shared_seed import SharedSeed
+from .results import ArmResult, add_ratios, write_results
 
 __all__ = ["ARMS", "ArmResult", "CompareArm", "build_arms", "compare", "write_results"]
 ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
@@ -271,7 +271,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
 
 
 def _record(ws: Workspace, result: ArmResult) -> None:
-    """An arm's row and curve in the compare's store (`compare_results.stored_results` reads them back)."""
+    """An arm's row and curve in the compare's store (`compare.results.stored_results` reads them back)."""
     key = f"{result.arm}/seed{result.seed}"
     ws.store.put_record("compare", "arm", key, result.row())
     ws.store.put_record("compare", "curve", key, [p.model_dump(mode="json") for p in result.curve])

@@ -4,7 +4,7 @@ A group file maps task ids to a group name (a failure kind, a category, a diffic
 `{"task-id": "group", ...}`, or a CSV/TSV with two columns `task_id,group` (a header row is allowed). Tasks the
 file does not name are counted under `(ungrouped)`. The table pools every (seed, test task) an arm scored; the
 difference table is the paired difference against a reference arm (by default `fixed`, the seed harness: what
-each arm changed per group), with the two-stage bootstrap of `compare_stats.paired_estimate`.
+each arm changed per group), with the two-stage bootstrap of `compare.stats.paired_estimate`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .compare_results import ArmResult
-from .compare_stats import Estimate, paired_estimate
+from .results import ArmResult
+from .stats import Estimate, paired_estimate
 
 UNGROUPED = "(ungrouped)"
 

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
-from .compare_factorial import REFERENCES, FactorialReport, FactorialRow, FactorRow, Registration, _cell
-from .compare_stats import Estimate
+from .factorial import REFERENCES, FactorialReport, FactorialRow, FactorRow, Registration, _cell
+from .stats import Estimate
 
 AGGREGATION_ARMS = ("aggregate", "ecdysis")  # judged against each per-failure arm of `REFERENCES`
 
