@@ -127,7 +127,7 @@ def registered_summary(tmp_path: Path, results: Sequence[Any], registration: str
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
-    from ecdysis.compare.results import write_results
+    from ecdysis.compare.files import write_results
 
     write_results(list(results), tmp_path / "cmp")
     (tmp_path / "reg.toml").write_text(registration)

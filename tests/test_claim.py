@@ -129,6 +129,49 @@ async def test_charged_time_is_the_same_when_a_compare_is_rerun_from_its_cache(t
     assert all(c.constrained_tokens == 0 for c in fresh if c.role == "agent")
 
 
+async def test_every_steps_charged_time_is_filed_under_what_the_step_came_to(tmp_path: Path, rate_file: Path
+                                                                              ) -> None:
+    """Each training step costs its curve point's charged seconds less the previous point's, filed under
+    accepted / validated, rejected / nothing new built / cut short: the parts add up to the curve, the accepted
+    steps are the arm's accepted edits, and a row written before rows named them gets them back from the store."""
+    from ecdysis.compare.files import read_results, write_results
+    from ecdysis.compare.outcomes import outcome_table
+    from ecdysis.trainer.records import STEP_OUTCOMES, RoundRecord, step_outcome
+
+    ws = project(tmp_path, tmp_path / "run", ScriptedModel(boxed, name="agent"), Roles(spec=USELESS_SPEC),
+                 "train.rounds=3", "train.serial_max_edits=4", wrong="t1")  # t1: no reply has its gold
+    results = await compare(ws.config, ["serial", "aggregate"], open_workspace=lambda cfg, ws=ws: ws)
+    ws.close()
+    seen = set()
+    for r in results:
+        assert r.step_outcomes and set(r.step_outcomes) <= set(STEP_OUTCOMES), r.arm
+        seconds = sum(s for s, _ in r.step_outcomes.values())
+        assert seconds == pytest.approx(r.curve[-1].charged_s - r.curve[0].charged_s, abs=1e-6), r.arm
+        assert sum(n for _, n in r.step_outcomes.values()) == len(r.curve) - 1
+        assert r.step_outcomes.get("accepted", [0, 0])[1] == r.accepted_edits
+        seen |= set(r.step_outcomes)
+    assert {"validated, rejected", "nothing new built"} <= seen  # the useless rule: validated once, then rebuilt
+    write_results(results, tmp_path / "run")  # what `ecdysis compare` writes beside its store
+    rows = json.loads((tmp_path / "run" / "compare.json").read_text())
+    (tmp_path / "run" / "compare.json").write_text(json.dumps([{k: v for k, v in row.items() if k != "step_outcomes"}
+                                                               for row in rows]))
+    again = {r.arm: r.step_outcomes for r in read_results(tmp_path / "run")}
+    assert again == {r.arm: r.step_outcomes for r in results}
+    write_results(results, tmp_path / "exported")  # an export without its store keeps what the rows say
+    assert {r.arm: r.step_outcomes for r in read_results(tmp_path / "exported")} == again
+    table = outcome_table(results)  # compare-summary's: mean charged s (steps) per seed, a row per arm
+    assert table is not None and [c.header for c in table.columns][:2] == ["arm", "accepted"]
+    serial = results[0].step_outcomes["nothing new built"]
+    assert list(table.columns[0].cells) == ["serial", "aggregate"] and serial[1] == 2
+    assert f"{serial[0]:.0f} (2.0)" in list(table.columns[3].cells)
+    cut = RoundRecord(round=1, harness_before="a", harness_after="a", train_score=0.0, candidate="b",
+                      decision_taken=False)
+    assert step_outcome(cut) == "cut short"
+    assert step_outcome(SerialEdit(task="t0", attempted=False)) == "skipped"
+    assert step_outcome(SerialEdit(task="t0", harness=None)) == "nothing new built"
+    assert step_outcome(SerialEdit(task="t0", harness="b")) == "validated, rejected"
+
+
 async def test_the_time_budget_stops_an_evaluation_between_episodes(tmp_path: Path, rate_file: Path) -> None:
     """Each agent call is charged 1 + 25/100 + 2/10 = 1.45 s: a 3.5 s budget lets the seed's train evaluation
     (6 tasks, one at a time) start 3 episodes (0, 1.45, 2.9 s spent when they start), not 6; the run stops on
@@ -330,7 +373,7 @@ def test_compare_summary_prints_the_factorial_table(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
-    from ecdysis.compare.results import write_results
+    from ecdysis.compare.files import write_results
 
     curve = [_point("serial", 0, 100, 0.2), _point("serial", 1, 300, 0.6)]
     parts = [{"agent": 220.0, "sandbox": 10.0, "serial": 70.0}, {"agent": 180.0, "sandbox": 10.0, "serial": 110.0}]

@@ -15,14 +15,8 @@ import pytest
 from helpers import ROLES, Roles, add_answer, jsonl_project, make_ws
 
 from ecdysis.agent.trajectory import Trajectory
-from ecdysis.compare.results import (
-    ArmResult,
-    add_ratios,
-    mean_ci,
-    pool_results,
-    summarize,
-    t_critical,
-)
+from ecdysis.compare.files import pool_results
+from ecdysis.compare.results import ArmResult, add_ratios, mean_ci, summarize, t_critical
 from ecdysis.compare.run import (
     ARMS,
     best_of_k,

@@ -85,7 +85,7 @@ def test_compare_summary_prints_and_writes_the_group_table(tmp_path: Path) -> No
     from typer.testing import CliRunner
 
     from ecdysis.cli.main import app
-    from ecdysis.compare.results import write_results
+    from ecdysis.compare.files import write_results
 
     write_results(results(), tmp_path / "cmp")
     (tmp_path / "g.json").write_text(json.dumps(GROUPS))

@@ -147,8 +147,9 @@ def compare_summary(
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
     from ..compare.factorial import Registration, factorial_report
+    from ..compare.files import pool_results, write_results
     from ..compare.groups import group_report, read_groups
-    from ..compare.results import pool_results, write_results
+    from ..compare.outcomes import outcome_table
     from ..compare.verdict import verdicts
     from ..report.markdown import to_markdown
 
@@ -170,7 +171,8 @@ def compare_summary(
         shown.append(report.table())
         if (early := report.early_text()) is not None:
             shown.append(early)
-        shown += [extra for extra in (report.factor_table(), report.time_table()) if extra is not None]
+        shown += [extra for extra in (report.factor_table(), report.time_table(), outcome_table(pooled))
+                  if extra is not None]
         decided_by_rules = verdicts(report)
         if decided_by_rules:
             shown.append(decided_by_rules.table())

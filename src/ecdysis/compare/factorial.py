@@ -15,7 +15,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from .results import TRAINED, ArmResult, rate_tables, score, time_of
+from .files import rate_tables
+from .results import TRAINED, ArmResult, score, time_of
 from .stats import (
     Estimate,
     auc,

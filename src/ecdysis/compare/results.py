@@ -1,5 +1,5 @@
 """What `compare` measures and writes: one typed row per arm and seed, ratios from recorded numbers, times
-read off the training curves, mean ± 95% CI over seeds (Student t), and the CSV/JSON files.
+read off the training curves, mean ± 95% CI over seeds (Student t); files.py writes and reads them.
 
 Times from curves (`records.CurvePoint`, charged seconds and agent executions are cumulative training costs;
 a time is a point's charged seconds, its real wall time for points recorded before charged time existed):
@@ -15,11 +15,8 @@ what the optimizers spent.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
-from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from statistics import mean, stdev
 
 from rich.table import Table
@@ -72,6 +69,8 @@ class ArmResult:
     charged_parts: dict[str, float] = field(default_factory=dict, repr=False)  # role / "sandbox" -> charged s
     cold_tokens: int | None = None  # training tokens (agent + roles) a cold run would spend, whatever was cached
     rates_version: str = ""  # the charged-time rate table it ran under (models/rates.toml `version`); "" unrecorded
+    # what each training step came to -> [charged s, steps] (trainer/charged.charged_by_outcome)
+    step_outcomes: dict[str, list[float]] = field(default_factory=dict, repr=False)
     curve: list[CurvePoint] = field(default_factory=list, repr=False)
 
     def training_tokens(self) -> int:
@@ -286,111 +285,3 @@ def summary_tables(results: list[ArmResult]) -> list[Table]:
             table.add_row(str(entry["arm"]), *cells)
         out.append(table)
     return out
-
-
-# ---- files ------------------------------------------------------------------------------------------------
-
-CURVE_FIELDS = ("arm", "seed", "step", "harness_id", "val_score", "train_score", "wall_s", "agent_executions",
-                "cached_executions", "optimizer_calls", "optimizer_tokens", "accepted", "charged_s", "taken")
-
-
-def curve_rows(results: list[ArmResult]) -> list[dict[str, object]]:
-    return [p.model_dump(mode="json") | {"seed": r.seed} for r in results for p in r.curve]
-
-
-def write_results(results: list[ArmResult], directory: Path) -> tuple[Path, Path]:
-    """compare.json / compare.csv (one row per arm and seed), compare_summary.json / .csv (mean ± CI per arm)
-    and curves.csv (every curve point, per arm and seed). Returns the first two paths."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rows = [r.row() for r in results]
-    json_path, csv_path = directory / "compare.json", directory / "compare.csv"
-    json_path.write_text(json.dumps(rows, indent=1))
-    _csv(csv_path, rows, [k for k in rows[0] if k not in ("test_per_task", "charged_parts")] if rows else [])
-    summary = summarize(results)
-    (directory / "compare_summary.json").write_text(json.dumps(summary, indent=1))
-    _csv(directory / "compare_summary.csv", summary, list(summary[0]) if summary else [])
-    _csv(directory / "curves.csv", curve_rows(results), list(CURVE_FIELDS))
-    return json_path, csv_path
-
-
-def arm_result(row: dict[str, object]) -> ArmResult:
-    names = {f.name for f in fields(ArmResult)}
-    return ArmResult(**{k: v for k, v in row.items() if k in names})  # type: ignore[arg-type]
-
-
-def stored_results(run_dir: Path) -> list[ArmResult]:
-    """The arms a compare finished, read from its run store (each arm's row and curve is recorded as soon as
-    the arm ends, its seed's ratios when the seed ends, so a compare killed mid-way gives every arm it finished)."""
-    from ..store import RunStore
-
-    store = RunStore(run_dir)
-    try:
-        curves = dict(store.records("compare", "curve"))
-        results = []
-        for key, row in store.records("compare", "arm"):
-            result = arm_result(row)
-            result.curve = [CurvePoint.model_validate(p) for p in curves.get(key, [])]
-            results.append(result)
-        return results
-    finally:
-        store.close()
-
-
-def read_results(path: Path) -> list[ArmResult]:
-    """The rows a compare wrote (a run directory, or its compare.json), each with its curve from the
-    curves.csv beside it when there is one; a run directory without compare.json (a compare still running,
-    or killed) gives the seeds its store holds. ValueError, naming the file, for a missing or malformed one."""
-    json_path = path / "compare.json" if path.is_dir() else path
-    if path.is_dir() and not json_path.exists() and (path / "ecdysis.sqlite").exists():
-        if not (results := stored_results(path)):
-            raise ValueError(f"{path}: its store holds no finished compare arm (a train run, or a compare "
-                             "killed in its first arm)")
-        return results
-    try:
-        rows = json.loads(json_path.read_text())
-        if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
-            raise ValueError("expected a list of rows, one per arm and seed")
-        results = [arm_result(row) for row in rows]
-    except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"{json_path}: not a compare result ({exc}); pass a compare run directory or its "
-                         "compare.json") from exc
-    curves_path = json_path.with_name("curves.csv")
-    if curves_path.exists():
-        with curves_path.open(newline="") as f:
-            points = list(csv.DictReader(f))
-        for r in results:
-            r.curve = [CurvePoint.model_validate({k: (v if v != "" else None) for k, v in p.items() if k != "seed"})
-                       for p in points if p["arm"] == r.arm and int(p["seed"]) == r.seed]
-    return results
-
-
-def rate_tables(results: list[ArmResult]) -> list[str]:
-    """The rate-table versions the results were charged under (unrecorded ones left out), sorted."""
-    return sorted({r.rates_version for r in results if r.rates_version})
-
-
-def pool_results(paths: list[Path]) -> list[ArmResult]:
-    """The rows of several compares (e.g. one seed per session) as one result set, ratios recomputed per seed;
-    ValueError when two give the same arm and seed (pooling them would count one seed twice) or when they were
-    charged under different rate tables (their charged seconds are not the same unit)."""
-    pooled: list[ArmResult] = []
-    seen: dict[tuple[str, int], Path] = {}
-    for path in paths:
-        for r in read_results(path):
-            if (r.arm, r.seed) in seen:
-                raise ValueError(f"{r.arm} seed {r.seed} is in both {seen[(r.arm, r.seed)]} and {path}; "
-                                 "pool compares of different seeds")
-            seen[(r.arm, r.seed)] = path
-            pooled.append(r)
-    if len(tables := rate_tables(pooled)) > 1:
-        raise ValueError(f"these compares were charged under different rate tables (versions {', '.join(tables)}); "
-                         "charged seconds compare only under one table (docs/claim.md): pool compares of one table")
-    add_ratios(pooled)
-    return pooled
-
-
-def _csv(path: Path, rows: list[dict[str, object]], fields: list[str]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)

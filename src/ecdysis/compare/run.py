@@ -34,7 +34,8 @@ from ..trainer.methods import METHODS, Runs
 from ..trainer.result import TrainResult
 from ..trainer.shared_seed import SharedSeed
 from ..workspace import Workspace
-from .results import ArmResult, add_ratios, write_results
+from .files import write_results
+from .results import ArmResult, add_ratios
 
 __all__ = ["ARMS", "ArmResult", "CompareArm", "build_arms", "compare", "write_results"]
 ARMS = tuple(METHODS)  # the methods declared in ecdysis (build_arms reads the registry itself)
@@ -98,7 +99,8 @@ def arm_result(result: TrainResult, seed: int) -> ArmResult:
         curve=sorted(result.curve, key=lambda p: p.step),
         prefix_cache_rate=sum(c for _, c in result.prompt_cache.values()) / sent if sent else None,
         train_charged_s=result.charged_s, budget_s=result.budget.wall_s, test_per_task=per_task_scores(test),
-        charged_parts=result.charged_parts, cold_tokens=result.cold_tokens)
+        charged_parts=result.charged_parts, cold_tokens=result.cold_tokens,
+        step_outcomes={k: list(v) for k, v in result.step_outcomes.items()})
     out.gap = None if result.train_after is None else result.train_after - out.test_acc
     return out
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
-from ..compare.results import arm_result
+from ..compare.files import arm_result
 from ..compare.table import column_label, compare_sections
 from ..store.db import RunStore
 from .data import (

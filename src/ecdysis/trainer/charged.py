@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from ..models.charge import rates
 from ..store.db import RunStore
+from . import records
 from .budget import training_evaluations
+from .records import CurvePoint, RoundRecord, SerialEdit, step_outcome
 
 REPLAYS = ("charge", "replays")  # record (kind, key): the replays a run made, summed over its processes
 
@@ -41,3 +43,24 @@ def charged_parts(store: RunStore, run_id: str, eval_ids: list[str],
 
 def stored_replays(store: RunStore, run_id: str) -> int:
     return int(store.get_record(run_id, *REPLAYS) or 0)
+
+
+def charged_by_outcome(store: RunStore, run_id: str) -> dict[str, tuple[float, int]]:
+    """Charged seconds and steps by what each step came to (`records.step_outcome`): a step costs its curve
+    point's charged seconds less the previous point's. The seed evaluation (point 0) and spend after the last
+    point (a step the budget cut before its decision) are not steps; a point without a decision record is
+    `other`."""
+    keys = {int(step): key for key, step in store.records(run_id, "curve-of")}
+    points = {p.step: p for _, p in records.load_all(store, run_id, CurvePoint)}
+    out: dict[str, tuple[float, int]] = {}
+    for step in sorted(points):
+        if step == 0 or step - 1 not in points or points[step].charged_s is None:
+            continue
+        key = keys.get(step, "")
+        decision = (records.load(store, run_id, SerialEdit, key) if "/" in key
+                    else records.load(store, run_id, RoundRecord, key)) if key else None
+        outcome = step_outcome(decision) if decision is not None else "other"
+        cost = points[step].charged_s - (points[step - 1].charged_s or 0.0)
+        seconds, steps = out.get(outcome, (0.0, 0))
+        out[outcome] = (round(seconds + cost, 3), steps + 1)
+    return out

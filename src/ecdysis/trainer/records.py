@@ -123,6 +123,24 @@ class RoundRecord(Record):
         return [self] if self.candidate is not None else []
 
 
+STEP_OUTCOMES = ("accepted", "validated, rejected", "nothing new built", "cut short", "skipped")
+
+
+def step_outcome(decision: RoundRecord | SerialEdit) -> str:
+    """What one step came to: `accepted`; `validated, rejected` (a candidate was validated and lost);
+    `nothing new built` (the spec built no new harness: it changed nothing, failed its checks, or rebuilt one
+    already rejected); `cut short` (an evaluation was incomplete: budget, infrastructure); `skipped` (a
+    per-failure target that already passed: nothing spent)."""
+    if isinstance(decision, SerialEdit) and not decision.attempted:
+        return "skipped"
+    if decision.accepted:
+        return "accepted"
+    if not decision.decision_taken:
+        return "cut short"
+    built = decision.candidate if isinstance(decision, RoundRecord) else decision.harness
+    return "validated, rejected" if built else "nothing new built"
+
+
 class CandidateRecord(Record):
     """What implementation built for a step (key = the step's key): the whole spec's candidate, the
     variants that built (name -> harness id) and where the spec came from."""

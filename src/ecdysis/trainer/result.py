@@ -9,7 +9,7 @@ from typing import Any
 
 from ..store.db import RunStore
 from .budget import Budget, optimizer_spend, training_evaluations, training_spend
-from .charged import charged_parts
+from .charged import charged_by_outcome, charged_parts
 from .holdout import HoldoutCheck
 from .records import AcceptRule, CurvePoint, RoundRecord
 
@@ -46,6 +46,7 @@ class TrainResult:
     prompt_cache: dict[str, tuple[int, int]] = field(default_factory=dict)  # role -> (prompt tokens, prefix-cached)
     charged_parts: dict[str, float] = field(default_factory=dict)  # where the charged seconds went (charged.py)
     cold_tokens: int = 0  # training tokens (agent + roles) a cold run would spend: each paid request once
+    step_outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)  # outcome -> (charged s, steps)
     charged_s: float = 0.0  # charged training seconds (trainer/charged.py): the primary training time
 
     def decisions(self) -> tuple[int, int]:
@@ -77,6 +78,7 @@ class RunCosts:
     prompt_cache: dict[str, tuple[int, int]]
     charged_parts: dict[str, float]
     cold_tokens: int
+    step_outcomes: dict[str, tuple[float, int]]
 
     @classmethod
     def of_run(cls, store: RunStore, run_id: str) -> RunCosts:
@@ -91,7 +93,8 @@ class RunCosts:
                    (agent.get("prompt_tokens") or 0) + (agent.get("completion_tokens") or 0),
                    training_spend(store, run_id, registered).tokens, dict(store.records(run_id, "timing")),
                    {role: (row["prompt_tokens"] or 0, row["cached_tokens"] or 0) for role, row in calls.items()},
-                   charged_parts(store, run_id, training, paid), sum(t for _, t in paid.values()))
+                   charged_parts(store, run_id, training, paid), sum(t for _, t in paid.values()),
+                   charged_by_outcome(store, run_id))
 
     def as_kwargs(self) -> dict[str, Any]:
         """As `TrainResult` keyword arguments."""
