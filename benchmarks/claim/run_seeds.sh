@@ -8,6 +8,11 @@
 #   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
 #   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/,
 #                                                  # and every export pooled -> benchmarks/results/SUITE/pooled
+#   benchmarks/claim/run_seeds.sh SUITE --code     # which code the seeds run (below), and nothing else
+# The seeds run the trainer code pinned in benchmarks/claim/experiment.commit, whatever main's HEAD: when this
+# checkout's src/ differs from it, a worktree of the pinned commit (runs/experiment-code, made on demand) is put
+# first on PYTHONPATH for the compares, so main's trainer can change while the experiment runs on one code.
+# The configs, suite and exports (compare-summary) are this checkout's.
 # Machines here are fresh each session, so finished arms are exported to
 # benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) after every
 # seed, when the script is stopped or a compare fails, and with --export; commit the export before the session
@@ -66,6 +71,27 @@ for path in sorted(out.glob(f"seed{seed}-*/compare.json")):
 EOF
 }
 
+pinned_code() {  # the src/ the compares import: this checkout's when it matches the pin, else the pin's worktree
+  local pin code="$ROOT/runs/experiment-code"
+  [[ -f "$ROOT/benchmarks/claim/experiment.commit" ]] || { echo "$ROOT/src"; return 0; }
+  pin="$(tr -d '[:space:]' < "$ROOT/benchmarks/claim/experiment.commit")"
+  if git -C "$ROOT" diff --quiet "$pin" -- src; then echo "$ROOT/src"; return 0; fi
+  if [[ "$(git -C "$code" rev-parse HEAD 2>/dev/null)" != "$(git -C "$ROOT" rev-parse "$pin^{commit}")" ]]; then
+    rm -rf "$code"
+    git -C "$ROOT" worktree prune
+    git -C "$ROOT" worktree add --detach "$code" "$pin" > /dev/null 2>&1 || {
+      echo "error: cannot check out the pinned commit $pin into $code" >&2; return 1; }
+  fi
+  echo "$code/src"
+}
+
+if [[ "${2:-}" == "--code" ]]; then
+  code="$(pinned_code)"
+  echo "the seeds run $code ($([[ "$code" == "$ROOT/src" ]] && echo "this checkout: it matches" || echo \
+    "this checkout's src/ differs from") benchmarks/claim/experiment.commit $(cat "$ROOT/benchmarks/claim/experiment.commit"))"
+  exit 0
+fi
+
 if [[ "${2:-}" == "--export" ]]; then
   for dir in "$RUNS"/seed*; do  # seedS only: a store set aside (seed0.failed-...) is never pooled
     [[ -d "$dir" && "${dir##*/seed}" =~ ^[0-9]+$ ]] && export_seed "${dir##*/seed}"
@@ -78,9 +104,11 @@ if [[ "$SUITE" == designed && ! -f "$ROOT/runs/designed.jsonl" ]]; then
   "$BIN/python" "$ROOT/benchmarks/designed/make_suite.py" "$ROOT/runs/designed.jsonl" \
     --kinds "$ROOT/runs/designed.kinds.json"
 fi
+CODE_SRC="$(pinned_code)"
+echo "the compares import $CODE_SRC"
 FIRST="${2:-0}"
 [[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
-  echo "error: FIRST should be a seed 0-$LAST or --export (got '$FIRST')" >&2; exit 2; }
+  echo "error: FIRST should be a seed 0-$LAST, --export or --code (got '$FIRST')" >&2; exit 2; }
 trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING" && pool_exports' EXIT  # a kill or a failed compare exports too
 for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
@@ -89,7 +117,7 @@ for S in $(seq "$FIRST" "$LAST"); do
   if [[ ${#todo[@]} -eq 0 ]]; then echo "$SUITE seed $S: every arm exported already"; continue; fi
   echo "$(date -u +%FT%TZ) $SUITE seed $S start: ${todo[*]}"
   RUNNING="$S"
-  "$BIN/ecdysis" compare -c "$CONFIG" ${DATA[@]+"${DATA[@]}"} --arms "$(IFS=,; echo "${todo[*]}")" \
+  PYTHONPATH="$CODE_SRC" "$BIN/ecdysis" compare -c "$CONFIG" ${DATA[@]+"${DATA[@]}"} --arms "$(IFS=,; echo "${todo[*]}")" \
     --seeds 1 --set run.seed="$S" --run-dir "$RUNS/seed$S"
   RUNNING=""
   export_seed "$S"
