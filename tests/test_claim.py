@@ -160,16 +160,38 @@ async def test_every_steps_charged_time_is_filed_under_what_the_step_came_to(tmp
     write_results(results, tmp_path / "exported")  # an export without its store keeps what the rows say
     assert {r.arm: r.step_outcomes for r in read_results(tmp_path / "exported")} == again
     table = outcome_table(results)  # compare-summary's: mean charged s (steps) per seed, a row per arm
-    assert table is not None and [c.header for c in table.columns][:2] == ["arm", "accepted"]
+    assert table is not None and [c.header for c in table.columns][:3] == ["arm", "seeds", "accepted"]
     serial = results[0].step_outcomes["nothing new built"]
     assert list(table.columns[0].cells) == ["serial", "aggregate"] and serial[1] == 2
-    assert f"{serial[0]:.0f} (2.0)" in list(table.columns[3].cells)
+    assert list(table.columns[1].cells) == ["1 of 1", "1 of 1"]
+    assert f"{serial[0]:.0f} (2.0)" in list(table.columns[4].cells)
     cut = RoundRecord(round=1, harness_before="a", harness_after="a", train_score=0.0, candidate="b",
                       decision_taken=False)
     assert step_outcome(cut) == "cut short"
-    assert step_outcome(SerialEdit(task="t0", attempted=False)) == "skipped"
     assert step_outcome(SerialEdit(task="t0", harness=None)) == "nothing new built"
     assert step_outcome(SerialEdit(task="t0", harness="b")) == "validated, rejected"
+
+
+def test_a_step_after_a_point_without_charged_seconds_is_left_out(tmp_path: Path) -> None:
+    """A run resumed across the version that began recording charged seconds: its older points have none, and
+    the first step after them is not charged the whole running total."""
+    from ecdysis.trainer.charged import charged_by_outcome
+    from ecdysis.trainer.records import RoundRecord
+
+    store = RunStore(tmp_path)
+    for step, charged, accepted in ((0, None, False), (1, None, True), (2, 1000.0, False), (3, 1010.0, False)):
+        records.put(store, "run", f"curve/{step:04d}", CurvePoint(
+            arm="aggregate", step=step, harness_id="h", val_score=0.5, train_score=None, wall_s=0.0,
+            agent_executions=0, cached_executions=0, optimizer_calls=0, optimizer_tokens=0, accepted=accepted,
+            charged_s=charged))
+        key = "seed" if step == 0 else f"r{step}"
+        store.put_record("run", "curve-of", key, step)
+        if step:
+            records.put(store, "run", key, RoundRecord(round=step, harness_before="h", harness_after="h",
+                                                       train_score=0.0, accepted=accepted,
+                                                       candidate="c" if step == 2 else None))
+    assert charged_by_outcome(store, "run") == {"nothing new built": (10.0, 1)}
+    store.close()
 
 
 async def test_the_time_budget_stops_an_evaluation_between_episodes(tmp_path: Path, rate_file: Path) -> None:

@@ -109,6 +109,7 @@ def test_the_summary_markdown_holds_every_printed_table_with_the_printed_numbers
     (agg,) = [r.split(" | ") for r in rows if r.startswith("| aggregate |")]
     assert agg[1:3] == ["3", "3/3"] and agg[3] == "260 [250, 270]"  # RMST over the seeds' 250/260/270 s
     assert "[bold]" not in markdown and "─" not in markdown and "━" not in markdown
+    assert "[bold]" not in printed and str(tmp_path) not in markdown  # markup rendered; no machine's paths
     assert "| the claim, aggregate | holds | holds against serial+library |" in markdown
     assert saved["claim"]["aggregate"]["outcome"] == "holds"
 

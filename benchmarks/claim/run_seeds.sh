@@ -8,11 +8,11 @@
 #   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
 #   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/,
 #                                                  # and every export pooled -> benchmarks/results/SUITE/pooled
-#   benchmarks/claim/run_seeds.sh SUITE --code     # which code the seeds run (below), and nothing else
-# The seeds run the trainer code pinned in benchmarks/claim/experiment.commit, whatever main's HEAD: when this
-# checkout's src/ differs from it, a worktree of the pinned commit (runs/experiment-code, made on demand) is put
-# first on PYTHONPATH for the compares, so main's trainer can change while the experiment runs on one code.
-# The configs, suite and exports (compare-summary) are this checkout's.
+#   benchmarks/claim/run_seeds.sh SUITE --code     # which code the seeds run (below); changes nothing
+# The seeds run the code pinned in benchmarks/claim/experiment.commit, whatever this checkout holds: a worktree
+# of that commit (runs/experiment-code-SHA, made once per commit and never removed by this script) is first on
+# PYTHONPATH for every compare (and so for its sandboxed workers), so main's src/ can change, even while a compare
+# runs, and the experiment stays on one code. The configs, the suite and the exports are this checkout's.
 # Machines here are fresh each session, so finished arms are exported to
 # benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) after every
 # seed, when the script is stopped or a compare fails, and with --export; commit the export before the session
@@ -21,7 +21,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="$ROOT/.venv/bin"
-SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export]}"
+SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export | --code]}"
 [[ -x "$BIN/ecdysis" ]] || { echo "error: $BIN/ecdysis not found; run \`make -C $ROOT models\` first" >&2; exit 2; }
 case "$SUITE" in
   designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
@@ -71,24 +71,31 @@ for path in sorted(out.glob(f"seed{seed}-*/compare.json")):
 EOF
 }
 
-pinned_code() {  # the src/ the compares import: this checkout's when it matches the pin, else the pin's worktree
-  local pin code="$ROOT/runs/experiment-code"
-  [[ -f "$ROOT/benchmarks/claim/experiment.commit" ]] || { echo "$ROOT/src"; return 0; }
-  pin="$(tr -d '[:space:]' < "$ROOT/benchmarks/claim/experiment.commit")"
-  if git -C "$ROOT" diff --quiet "$pin" -- src; then echo "$ROOT/src"; return 0; fi
-  if [[ "$(git -C "$code" rev-parse HEAD 2>/dev/null)" != "$(git -C "$ROOT" rev-parse "$pin^{commit}")" ]]; then
-    rm -rf "$code"
+PIN_FILE="$ROOT/benchmarks/claim/experiment.commit"
+
+pinned_code() {  # the src/ the compares import: a worktree of the pinned commit ("--dry": never made here)
+  local pin sha code
+  [[ -f "$PIN_FILE" ]] || { echo "$ROOT/src"; return 0; }  # nothing pinned: this checkout
+  pin="$(tr -d '[:space:]' < "$PIN_FILE")"
+  sha="$(git -C "$ROOT" rev-parse --verify -q "$pin^{commit}")" || {
+    echo "error: $PIN_FILE names '$pin', not a commit of $ROOT" >&2; return 1; }
+  code="$ROOT/runs/experiment-code-${sha:0:12}"
+  if [[ ! -d "$code/src" ]]; then
+    if [[ "${1:-}" == --dry ]]; then echo "$code/src (made at the first compare)"; return 0; fi
+    mkdir -p "$ROOT/runs"
     git -C "$ROOT" worktree prune
-    git -C "$ROOT" worktree add --detach "$code" "$pin" > /dev/null 2>&1 || {
-      echo "error: cannot check out the pinned commit $pin into $code" >&2; return 1; }
+    git -C "$ROOT" worktree add --detach "$code" "$sha" > /dev/null 2>&1 || {
+      echo "error: cannot check out the pinned commit $sha into $code" >&2; return 1; }
   fi
   echo "$code/src"
 }
 
 if [[ "${2:-}" == "--code" ]]; then
-  code="$(pinned_code)"
-  echo "the seeds run $code ($([[ "$code" == "$ROOT/src" ]] && echo "this checkout: it matches" || echo \
-    "this checkout's src/ differs from") benchmarks/claim/experiment.commit $(cat "$ROOT/benchmarks/claim/experiment.commit"))"
+  if [[ -f "$PIN_FILE" ]]; then
+    echo "the seeds run $(pinned_code --dry): the commit pinned in $PIN_FILE ($(tr -d '[:space:]' < "$PIN_FILE"))"
+  else
+    echo "the seeds run $ROOT/src: nothing is pinned ($PIN_FILE is missing)"
+  fi
   exit 0
 fi
 

@@ -145,7 +145,9 @@ def compare_summary(
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
-    with `--groups FILE`, test accuracy per task group (e.g. failure kind), also written as groups.json."""
+    what each training arm's charged time bought (its steps by outcome); with `--groups FILE`, test accuracy per
+    task group (e.g. failure kind), also written as groups.json. `--out DIR` writes it all, and summary.md: every
+    table as Markdown."""
     from ..compare.factorial import Registration, factorial_report
     from ..compare.files import pool_results, write_results
     from ..compare.groups import group_report, read_groups
@@ -171,23 +173,36 @@ def compare_summary(
         shown.append(report.table())
         if (early := report.early_text()) is not None:
             shown.append(early)
-        shown += [extra for extra in (report.factor_table(), report.time_table(), outcome_table(pooled))
-                  if extra is not None]
+        shown += [extra for extra in (report.factor_table(), report.time_table()) if extra is not None]
         decided_by_rules = verdicts(report)
         if decided_by_rules:
             shown.append(decided_by_rules.table())
         decided = decided_by_rules.to_dict()
+    if (bought := outcome_table(pooled)) is not None:
+        shown.append(bought)
     if by_group is not None:
         shown.append(by_group.table())
     for item in shown:  # plain lines here are warnings: a departure, an arm that stopped early
-        console.print(item, style=None if isinstance(item, Table) else "yellow", markup=False, highlight=False)
+        if isinstance(item, Table):
+            console.print(item)
+        else:
+            console.print(item, style="yellow", markup=False, highlight=False)
     if out is not None:
         json_path, _ = write_results(pooled, out)
         if report is not None:
             report.write(out / "factorial.json", **decided)
         if by_group is not None:
             (out / "groups.json").write_text(json.dumps(by_group.to_dict(), indent=1))
-        sources = ", ".join(str(path) for path in results)
+        sources = ", ".join(_shown_path(path) for path in results)
         everything = [*views.compare_tables(pooled, 10**6), *views.summary_shown(pooled), *shown]
         (out / "summary.md").write_text(to_markdown(everything, f"compare-summary of {sources}"))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")
+
+
+def _shown_path(path: Path) -> str:
+    """A path as written into a committed file: relative to the working directory when under it, else its name
+    (no machine's absolute paths)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name

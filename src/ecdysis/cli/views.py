@@ -222,7 +222,10 @@ def compare_summary(console: Console, results: list[Any]) -> None:
 def show(console: Console, items: list[Table | str]) -> None:
     """Tables as they are, plain lines dimmed (information, not warnings)."""
     for item in items:
-        console.print(item, style=None if isinstance(item, Table) else "dim", markup=False, highlight=False)
+        if isinstance(item, Table):
+            console.print(item)
+        else:
+            console.print(item, style="dim", markup=False, highlight=False)
 
 
 def summary_shown(results: list[Any]) -> list[Table | str]:

@@ -1,6 +1,8 @@
 """What each arm's charged time bought: its training steps by what they came to (accepted, validated and
 rejected, nothing new built, cut short), mean charged seconds and steps per seed. Beside the registered metrics,
-it says where a miss's time went: e.g. rounds whose spec changed nothing, paid for and never validated."""
+it says where a miss's time went: e.g. rounds whose spec changed nothing, paid for and never validated. A row
+without step outcomes (gepa's, or one recorded before they were) is left out of its arm's mean, and the table
+says how many seeds each mean is over. `other`: a curve point without a decision record (gepa's iterations)."""
 
 from __future__ import annotations
 
@@ -29,9 +31,12 @@ def outcome_table(results: list[ArmResult]) -> Table | None:
         return None
     names = [n for n in (*STEP_OUTCOMES, "other") if any(n in m for m in means.values())]
     table = Table(title="What the charged time bought: mean charged s per seed on training steps, by what each "
-                        "step came to (steps in brackets; the seed evaluation apart)")
-    for name in ("arm", *names):
+                        "step came to (steps in brackets; the seed evaluation apart; seeds: those that recorded "
+                        "their steps' outcomes)")
+    for name in ("arm", "seeds", *names):
         table.add_column(name, justify="left" if name == "arm" else "right")
     for arm, m in means.items():
-        table.add_row(arm, *(f"{m[n][0]:.0f} ({m[n][1]:.1f})" if n in m else "–" for n in names))
+        recorded = sum(1 for r in by_arm[arm] if r.step_outcomes)
+        table.add_row(arm, f"{recorded} of {len(by_arm[arm])}",
+                      *(f"{m[n][0]:.0f} ({m[n][1]:.1f})" if n in m else "–" for n in names))
     return table

@@ -273,7 +273,7 @@ async def compare(config: Config, arms: list[str], seeds: int = 1, transfer_mode
 
 
 def _record(ws: Workspace, result: ArmResult) -> None:
-    """An arm's row and curve in the compare's store (`compare.results.stored_results` reads them back)."""
+    """An arm's row and curve in the compare's store (`compare.files.stored_results` reads them back)."""
     key = f"{result.arm}/seed{result.seed}"
     ws.store.put_record("compare", "arm", key, result.row())
     ws.store.put_record("compare", "curve", key, [p.model_dump(mode="json") for p in result.curve])

@@ -30,9 +30,12 @@ def _plain(value: object) -> str:
 
 
 def table_markdown(table: Table) -> str:
-    """One rich table as a Markdown table (title above it in bold, caption below it)."""
+    """One rich table as a Markdown table (title above it in bold, caption below it); a table without columns
+    is its title alone."""
     lines = [f"**{_plain(table.title)}**", ""] if table.title else []
     columns = table.columns
+    if not columns:
+        return "\n".join(lines).strip()
     lines.append("| " + " | ".join(_plain(c.header) for c in columns) + " |")
     lines.append("|" + "|".join("---:" if c.justify == "right" else "---" for c in columns) + "|")
     cells = [list(c.cells) for c in columns]
@@ -48,6 +51,6 @@ def table_markdown(table: Table) -> str:
 def to_markdown(shown: Iterable[Table | str], heading: str | None = None) -> str:
     """Everything shown, in order, as one Markdown document (tables and paragraphs separated by blank lines)."""
     parts = [f"# {heading}"] if heading else []
-    for item in shown:
-        parts.append(table_markdown(item) if isinstance(item, Table) else item.strip())
+    for item in shown:  # a paragraph's own line breaks are kept (a Markdown hard break: two trailing spaces)
+        parts.append(table_markdown(item) if isinstance(item, Table) else "  \n".join(item.strip().splitlines()))
     return "\n\n".join(parts) + "\n"

@@ -46,21 +46,24 @@ def stored_replays(store: RunStore, run_id: str) -> int:
 
 
 def charged_by_outcome(store: RunStore, run_id: str) -> dict[str, tuple[float, int]]:
-    """Charged seconds and steps by what each step came to (`records.step_outcome`): a step costs its curve
-    point's charged seconds less the previous point's. The seed evaluation (point 0) and spend after the last
-    point (a step the budget cut before its decision) are not steps; a point without a decision record is
-    `other`."""
+    """Charged seconds and steps by what each step came to (`records.step_outcome`): a step costs everything
+    the run paid between the previous decision's curve point and its own (a round's train evaluation too; a
+    per-failure step after an accepted edit, that harness's train evaluation; an evaluation the run already
+    paid for is free). Not steps: the seed evaluation (point 0), and what was paid after the last point (a step
+    the budget cut before its decision, a round that found nothing left to do). A point without a decision
+    record is `other`; one whose or whose predecessor's charged seconds were not recorded is left out."""
     keys = {int(step): key for key, step in store.records(run_id, "curve-of")}
     points = {p.step: p for _, p in records.load_all(store, run_id, CurvePoint)}
     out: dict[str, tuple[float, int]] = {}
     for step in sorted(points):
-        if step == 0 or step - 1 not in points or points[step].charged_s is None:
+        before = points.get(step - 1)
+        if step == 0 or before is None or before.charged_s is None or points[step].charged_s is None:
             continue
         key = keys.get(step, "")
         decision = (records.load(store, run_id, SerialEdit, key) if "/" in key
                     else records.load(store, run_id, RoundRecord, key)) if key else None
         outcome = step_outcome(decision) if decision is not None else "other"
-        cost = points[step].charged_s - (points[step - 1].charged_s or 0.0)
+        cost = points[step].charged_s - before.charged_s
         seconds, steps = out.get(outcome, (0.0, 0))
         out[outcome] = (round(seconds + cost, 3), steps + 1)
     return out

@@ -123,16 +123,13 @@ class RoundRecord(Record):
         return [self] if self.candidate is not None else []
 
 
-STEP_OUTCOMES = ("accepted", "validated, rejected", "nothing new built", "cut short", "skipped")
+STEP_OUTCOMES = ("accepted", "validated, rejected", "nothing new built", "cut short")
 
 
 def step_outcome(decision: RoundRecord | SerialEdit) -> str:
     """What one step came to: `accepted`; `validated, rejected` (a candidate was validated and lost);
     `nothing new built` (the spec built no new harness: it changed nothing, failed its checks, or rebuilt one
-    already rejected); `cut short` (an evaluation was incomplete: budget, infrastructure); `skipped` (a
-    per-failure target that already passed: nothing spent)."""
-    if isinstance(decision, SerialEdit) and not decision.attempted:
-        return "skipped"
+    already rejected); `cut short` (an evaluation was incomplete: budget, infrastructure)."""
     if decision.accepted:
         return "accepted"
     if not decision.decision_taken:
