@@ -9,6 +9,7 @@
 #   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/,
 #                                                  # and every export pooled -> benchmarks/results/SUITE/pooled
 #   benchmarks/claim/run_seeds.sh SUITE --code     # which code the seeds run (below); changes nothing
+#   benchmarks/claim/run_seeds.sh SUITE --status   # per seed: arms exported, finished, and the one running
 # The seeds run the code pinned in benchmarks/claim/experiment.commit, whatever this checkout holds: a worktree
 # of that commit (runs/experiment-code-SHA, made once per commit and never removed by this script) is first on
 # PYTHONPATH for every compare (and so for its sandboxed workers), so main's src/ can change, even while a compare
@@ -21,7 +22,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 BIN="$ROOT/.venv/bin"
-SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export | --code]}"
+SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export | --code | --status]}"
 [[ -x "$BIN/ecdysis" ]] || { echo "error: $BIN/ecdysis not found; run \`make -C $ROOT models\` first" >&2; exit 2; }
 case "$SUITE" in
   designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
@@ -89,6 +90,29 @@ pinned_code() {  # the src/ the compares import: a worktree of the pinned commit
   fi
   echo "$code/src"
 }
+
+if [[ "${2:-}" == "--status" ]]; then  # reads the exports and the stores; changes nothing
+  "$BIN/python" - "$OUT" "$RUNS" "$LAST" <<'EOF'
+import json, pathlib, sqlite3, sys
+out, runs, last = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
+for seed in range(last + 1):
+    exported = sorted({row["arm"] for p in out.glob(f"seed{seed}-*/compare.json") for row in json.loads(p.read_text())})
+    line = f"seed {seed}: exported {', '.join(exported) or 'none'}"
+    db = runs / f"seed{seed}" / "ecdysis.sqlite"
+    if db.exists():
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        finished = [k.split("/")[0] for (k,) in con.execute("SELECT key FROM records WHERE run_id='compare' AND kind='arm'")]
+        curves = con.execute("SELECT run_id, MAX(json_extract(data, '$.charged_s')), COUNT(*) FROM records "
+                             "WHERE kind='curve' AND run_id LIKE 'train-%' GROUP BY run_id").fetchall()
+        running = [f"{r.split('-')[1]} at {s:.0f} charged s ({n - 1} steps)" for r, s, n in curves
+                   if s is not None and r.split("-")[1] not in finished]
+        line += f"; this machine's store: finished {', '.join(finished) or 'none'}"
+        line += f"; unfinished {', '.join(running)}" if running else ""
+        con.close()
+    print(line)
+EOF
+  exit 0
+fi
 
 if [[ "${2:-}" == "--code" ]]; then
   if [[ -f "$PIN_FILE" ]]; then
