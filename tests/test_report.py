@@ -42,6 +42,9 @@ async def test_report_shows_every_round_with_numbers_from_the_store(tmp_path: Pa
     assert html.unescape(card["train accuracy"]) == f"{result.train_before:.3f} → {result.train_after:.3f}"
     assert card["agent executions"] == str(result.agent_executions)
     assert card["rounds"] == "2 (1 accepted)"
+    outcomes = load_run(ws.store, result.run_id).step_outcomes  # what its charged time bought, step by step
+    assert outcomes["accepted"][1] == 1 and sum(n for _, n in outcomes.values()) == len(result.curve) - 1
+    assert card["steps by outcome (charged s)"].startswith(f"1 accepted ({outcomes['accepted'][0]:.0f} s)")
     assert '<div class="add">+[&#34;boxed_answer&#34;]</div>' in text  # round 1's diff: the repair it enabled
     assert f'id="version-{result.final_harness_id}"' in text and 'class="badge final"' in text
     assert text.count("<svg") == 4

@@ -15,6 +15,7 @@ from ..harness.manifest import diff_versions
 from ..runner.failures import FailureCounts, count_failures
 from ..store.db import RunStore
 from ..trainer import records
+from ..trainer.charged import charged_by_outcome
 from ..trainer.holdout import HoldoutCheck
 from ..trainer.records import AcceptRule, CurvePoint, RoundRecord, SpecRecord
 
@@ -96,6 +97,7 @@ class RunView:
     trajectories: dict[str, Trajectory] = field(default_factory=dict)  # anchor -> episode shown from evidence
     accept_rule: AcceptRule | None = None
     holdout: HoldoutCheck | None = None  # the final-selection check (trainer/holdout.py)
+    step_outcomes: dict[str, tuple[float, int]] = field(default_factory=dict)  # trainer.charged.charged_by_outcome
 
     @property
     def arm(self) -> str:
@@ -145,6 +147,13 @@ def training_time_text(charged_s: float | None, wall_s: float) -> str:
     return real if charged_s is None else f"{charged_s:.1f} charged s; {real}"
 
 
+def steps_text(outcomes: dict[str, tuple[float, int]]) -> str:
+    """What a run's charged time bought: its steps by outcome, e.g. "1 accepted (152 s); 60 nothing new built
+    (3021 s)"; "–" for a run without recorded steps."""
+    order = [*records.STEP_OUTCOMES, *(o for o in outcomes if o not in records.STEP_OUTCOMES)]
+    return "; ".join(f"{outcomes[o][1]} {o} ({outcomes[o][0]:.0f} s)" for o in order if o in outcomes) or "–"
+
+
 def summary_card(run: RunView) -> list[tuple[str, str]]:
     s, cost = run.summary, run.cost()
     test_before, test_after = s.get("test_before") or {}, s.get("test_after") or {}
@@ -162,6 +171,7 @@ def summary_card(run: RunView) -> list[tuple[str, str]]:
         ("rounds", f"{len(run.rounds)} ({sum(r.record.accepted for r in run.rounds)} accepted)"),
         ("training time", training_time_text(s.get("charged_s"), s["wall_s"]) if "wall_s" in s
          else f"– (status: {run.status})"),
+        ("steps by outcome (charged s)", steps_text(run.step_outcomes)),
         ("agent executions", str(s.get("agent_executions", "–"))),
         ("model calls / tokens", f"{cost['calls']} / {int(cost['tokens'])}"),
         ("prompt tokens from prefix cache", f"{cost['prefix_rate']:.0%}"),
@@ -241,6 +251,7 @@ def load_run(store: RunStore, run_id: str) -> RunView:
     view.evaluations = evaluation_rows(store, run_id)
     view.calls = store.call_totals(run_id)
     view.accept_rule = records.load(store, run_id, AcceptRule, "accept_on")
+    view.step_outcomes = charged_by_outcome(store, run_id)
     checked = store.get_record(run_id, "holdout", "check")
     view.holdout = HoldoutCheck.model_validate(checked) if checked is not None else None
     round_records = [r for _, r in records.load_all(store, run_id, RoundRecord)]
