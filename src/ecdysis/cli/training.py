@@ -163,7 +163,8 @@ def compare_summary(
     except ValueError as exc:
         fail(str(exc))
         return
-    views.show(console, [*views.compare_tables(pooled, console.width), *views.summary_shown(pooled)])
+    summary = views.summary_shown(pooled)
+    views.show(console, [*views.compare_tables(pooled, console.width), *summary])
     shown: list[Table | str] = []  # printed below; in summary.md after the compare table at full width
     report = factorial_report(pooled, plan) if plan is not None else None
     decided: dict[str, object] = {}
@@ -194,7 +195,7 @@ def compare_summary(
         if by_group is not None:
             (out / "groups.json").write_text(json.dumps(by_group.to_dict(), indent=1))
         sources = ", ".join(_shown_path(path) for path in results)
-        everything = [*views.compare_tables(pooled, 10**6), *views.summary_shown(pooled), *shown]
+        everything = [*views.compare_tables(pooled, 10**6), *summary, *shown]  # one compare table, unsplit
         (out / "summary.md").write_text(to_markdown(everything, f"compare-summary of {sources}"))
         console.print(f"[dim]written {json_path} and the rest beside it[/]")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from ..trainer.records import STEP_OUTCOMES
+from .factorial import by_arm_and_seed
 from .results import ArmResult
 
 
@@ -23,9 +24,7 @@ def mean_outcomes(runs: list[ArmResult]) -> dict[str, tuple[float, float]]:
 
 def outcome_table(results: list[ArmResult]) -> Table | None:
     """One row per arm that recorded its steps' outcomes (None: no arm did)."""
-    by_arm: dict[str, list[ArmResult]] = {}
-    for r in results:
-        by_arm.setdefault(r.arm, []).append(r)
+    by_arm = {arm: list(runs.values()) for arm, runs in by_arm_and_seed(results).items()}
     means = {arm: m for arm, runs in by_arm.items() if (m := mean_outcomes(runs))}
     if not means:
         return None
