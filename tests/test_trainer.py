@@ -14,6 +14,8 @@ from helpers import BOXED_SPEC, Roles, add_answer, make_ws, seed_with, write_see
 from ecdysis.agent.trajectory import Trajectory
 from ecdysis.envs.base import Task
 from ecdysis.envs.jsonl_suite import JsonlSuite
+from ecdysis.harness.repairs import CATALOG as REPAIRS
+from ecdysis.harness.repairs import enabled_names
 from ecdysis.models import Message, MeteredModel, ScriptedModel
 from ecdysis.sandbox import SandboxLimits
 from ecdysis.trainer import records, train_async
@@ -22,6 +24,7 @@ from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 from ecdysis.trainer.records import CandidateRecord, RoundRecord, SerialEdit, SpecRecord
+from ecdysis.trainer.spec import spec_json_schema
 from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
@@ -145,6 +148,33 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
     outcome = await writer.write("salvage", seed_with("gsm8k"), [pattern], passes=0)
     assert outcome.spec is not None and outcome.spec.patterns_addressed == ["P1"]  # the unknown id was dropped
     assert "unknown ['P7']" in outcome.transcript[-1]["dropped"][0]
+
+
+async def test_a_repair_the_harness_already_has_cannot_be_the_spec(tmp_path: Path) -> None:
+    """Seed 1 of the designed suite: 60 of `aggregate`'s rounds were spent on enable_repair of a repair the
+    harness had. The writer's grammar no longer offers it, and a spec that names it anyway is sent back."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    has_it = seed_with("gsm8k", **{"repairs.json": '["boxed_answer"]'})
+    rule = BOXED_SPEC | {"changes": [{"layer": "H3", "kind": "add_rule", "text": "Put the answer in \\boxed{}.",
+                                      "repair": "", "rationale": "r"}]}
+    model = MeteredModel(ScriptedModel([json.dumps(BOXED_SPEC), json.dumps(rule)]), role="moderator")
+    writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer",
+                                                                          "moderator"), model))
+    outcome = await writer.write("k", has_it, [pattern], passes=0)
+    offered = model.model.calls[0].params.json_schema["properties"]["changes"]["items"]["properties"]
+    assert "boxed_answer" not in offered["repair"]["enum"] and "last_number" in offered["repair"]["enum"]
+    assert "enable_repair" in offered["kind"]["enum"]
+    assert "already has repair 'boxed_answer' enabled" in model.model.calls[1].messages[-1].content
+    assert outcome.spec is not None and [c.kind for c in outcome.spec.changes] == ["add_rule"]
+    everything = seed_with("gsm8k", **{"repairs.json": json.dumps(list(REPAIRS))})
+    none_left = spec_json_schema(("boxed_answer+last_number",), enabled_names(everything.files))
+    change = none_left["properties"]["changes"]["items"]["properties"]
+    assert change["repair"]["enum"] == [""] and "enable_repair" not in change["kind"]["enum"]
+    partly = spec_json_schema(("boxed_answer+last_number",), frozenset({"boxed_answer"}))
+    assert "boxed_answer+last_number" in partly["properties"]["changes"]["items"]["properties"]["repair"]["enum"]
 
 
 @pytest.mark.parametrize("skip", [False, True])

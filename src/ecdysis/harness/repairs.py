@@ -201,6 +201,11 @@ def parse_repairs(text: str | None) -> list[Repair]:
     return [CATALOG[n] for n in names]
 
 
+def enabled_names(files: dict[str, str]) -> frozenset[str]:
+    """The names of the repairs a harness's files enable (none when it has no `repairs.json`)."""
+    return frozenset(r.name for r in parse_repairs(files.get(REPAIRS_FILE)))
+
+
 def try_repairs(repairs: list[Repair], reply: str, tools: tuple[ToolSpec, ...]) -> tuple[Action, str] | None:
     """Reply-stage repairs after a rejection: the first that recovers an action wins."""
     for repair in repairs:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import RolesSection
 from ..harness.manifest import HarnessVersion
-from ..harness.repairs import REPAIRS_FILE
+from ..harness.repairs import REPAIRS_FILE, enabled_names
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
@@ -250,8 +250,9 @@ class SpecWriter:
         error = ""
         for attempt in range(2):  # the spec, then one repair with the error shown
             combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
+            schema = spec_json_schema(combinations, enabled_names(harness.files))
             try:
-                text, finish = await self._say(writer, prompt, schema=spec_json_schema(combinations),
+                text, finish = await self._say(writer, prompt, schema=schema,
                                                history=history)
             except BudgetSpent as spent:
                 return DebateOutcome(None, transcript, error=f"no spec: {spent} before the {writer}'s "

@@ -23,7 +23,7 @@ from ..agent.trajectory import Trajectory
 from ..envs.base import Task
 from ..harness.manifest import MANIFEST, HarnessVersion, set_manifest_value
 from ..harness.repairs import CATALOG as REPAIRS
-from ..harness.repairs import REPAIRS_FILE
+from ..harness.repairs import REPAIRS_FILE, enabled_names
 from .demos import bootstrap_demo, examples_file, labelled_examples
 
 
@@ -133,9 +133,14 @@ def _repairs_listed() -> list[str]:
 
 
 def _known_repairs(change: Change, harness: HarnessVersion) -> str | None:
-    if change.repair and all(n in REPAIRS for n in change.repair.split("+")):
-        return None
-    return f"repair must be one of {sorted(REPAIRS)} (or a measured combination a+b)"
+    """A repair (or combination) from the catalog that the harness does not have all of yet."""
+    names = set(change.repair.split("+"))
+    if not change.repair or not names <= set(REPAIRS):
+        return f"repair must be one of {sorted(REPAIRS)} (or a measured combination a+b)"
+    if names <= enabled_names(harness.files):
+        return (f"the harness already has repair {change.repair!r} enabled, so enabling it changes nothing; "
+                "pick a change the harness does not have yet")
+    return None
 
 
 def _add_rule(d: Draft, change: Change) -> str:

@@ -55,21 +55,27 @@ def max_items(name: str) -> int:
     return next(m.max_length for m in HarnessSpec.model_fields[name].metadata if hasattr(m, "max_length"))
 
 
-def spec_json_schema(combinations: tuple[str, ...] = ()) -> dict[str, Any]:
+def spec_json_schema(combinations: tuple[str, ...] = (), enabled: frozenset[str] = frozenset()) -> dict[str, Any]:
     """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept. `combinations`
     (measured levers' ids such as "answer_phrase+last_number") are allowed as `repair` values too.
+
+    A repair (or combination) the harness already has all of (`enabled`) is left out of the `repair` values,
+    and `enable_repair` out of the kinds when no repair is left: a grammar-constrained writer cannot spend its
+    spec on a change that changes nothing.
 
     Strings are length-bounded: small models otherwise write until the token limit cuts the JSON.
     """
     s = {"type": "string", "maxLength": 200}
     short = {"type": "string", "maxLength": 40}
+    repairs = [r for r in (*REPAIRS, *(c for c in combinations if c not in REPAIRS))
+               if not set(r.split("+")) <= enabled]
     change = {
         "type": "object",
         "properties": {
             "layer": {"type": "string", "enum": ["H2", "H3", "H4", "H5"]},
-            "kind": {"type": "string", "enum": list(kinds())},
+            "kind": {"type": "string", "enum": [k for k in kinds() if k != "enable_repair" or repairs]},
             "file": short, "text": s,
-            "repair": {"type": "string", "enum": ["", *REPAIRS, *(c for c in combinations if c not in REPAIRS)]},
+            "repair": {"type": "string", "enum": ["", *repairs]},
             "value": {"type": "integer"},
             "rationale": s,
         },
