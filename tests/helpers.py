@@ -71,6 +71,7 @@ class Roles:
 
     def __init__(self, crash_after: int | None = None, spec: dict[str, Any] | None = None) -> None:
         self.calls: list[str] = []
+        self.prompts: list[str] = []  # the last message of every call
         self.crash_after = crash_after
         self.spec = spec or BOXED_SPEC
 
@@ -80,6 +81,7 @@ class Roles:
         prompt = messages[-1].content
         role = prompt.split("You are the ")[1].split()[0].strip(".") if "You are the " in prompt else "SINGLE"
         self.calls.append(role)
+        self.prompts.append(prompt)
         if role in ("MODERATOR", "SINGLE"):
             return json.dumps(self.spec)
         return f"{role}: enable the boxed_answer repair; it is general."

@@ -177,6 +177,31 @@ async def test_a_repair_the_harness_already_has_cannot_be_the_spec(tmp_path: Pat
     assert "boxed_answer+last_number" in partly["properties"]["changes"]["items"]["properties"]["repair"]["enum"]
 
 
+async def test_a_spec_known_to_rebuild_a_rejected_harness_is_sent_back_and_its_repair_not_offered(
+        tmp_path: Path) -> None:
+    """What the engine knows was validated and rejected (`refuse`) is left out of the writer's grammar when it is
+    a repair, and any other spec that would rebuild it is sent back once with the reason."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    rule = BOXED_SPEC | {"changes": [{"layer": "H3", "kind": "add_rule", "text": "Put the answer in \\boxed{}.",
+                                      "repair": "", "rationale": "r"}]}
+
+    def refuse(spec: Any) -> str | None:
+        tried = [c for c in spec.changes if c.repair == "last_line" or c.kind == "add_rule"]
+        return "rebuilds the harness round 1 rejected" if tried else None
+
+    model = MeteredModel(ScriptedModel([json.dumps(rule), json.dumps(BOXED_SPEC)]), role="moderator")
+    writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer",
+                                                                          "moderator"), model))
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, refuse=refuse)
+    offered = model.model.calls[0].params.json_schema["properties"]["changes"]["items"]["properties"]["repair"]
+    assert "last_line" not in offered["enum"] and "boxed_answer" in offered["enum"]
+    assert "rebuilds the harness round 1 rejected" in model.model.calls[1].messages[-1].content
+    assert outcome.spec is not None and outcome.spec.changes[0].repair == "boxed_answer"
+
+
 @pytest.mark.parametrize("skip", [False, True])
 async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path, skip: bool) -> None:
     roles = Roles()
@@ -377,9 +402,12 @@ def topic_ws(tmp_path: Path, roles: Roles) -> Workspace:
 async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_library(tmp_path: Path) -> None:
     """The roles write the same rule every round; round 2 must not validate the harness round 1 rejected
     again but try the library's next lever (here retrieved labelled examples, which val accepts)."""
-    ws = topic_ws(tmp_path, Roles(spec=CAREFUL_RULE))
+    roles = Roles(spec=CAREFUL_RULE)
+    ws = topic_ws(tmp_path, roles)
     result = await train_async(ws.config, ws=ws)
     first, second = result.rounds[0], result.rounds[1]
+    refused = [i for i, p in enumerate(roles.prompts) if "already tried and rejected" in p]
+    assert len(refused) == 1  # round 2's spec was sent back once; the same spec again goes to the library
     assert not first.accepted and "no strict gain" in first.reason
     assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"  # the same spec again
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r2")

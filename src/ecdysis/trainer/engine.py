@@ -34,7 +34,7 @@ from .context import TrainContext
 from .evaluation import Evaluator, Measured
 from .exact import Replays, decide_on_replays, decide_train_exact, first_loss
 from .failures import Pattern
-from .fdcr import SpecWriter
+from .fdcr import Refuse, SpecWriter
 from .history import StepHistory
 from .implement import Candidate, apply_structured
 from .lever_catalog import LEVERS, edits_only_h2
@@ -81,7 +81,7 @@ class Engine(TrainContext):
         self.evaluator = Evaluator(self.store, run_id, self.runner, {"train": self.train_tasks, "val": val},
                                    t.train_trials, batches, self.budget, self.spend)
         writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles, spent=self.evaluator.spent)
-        self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history)
+        self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history, self.no_new_try)
 
     # accounting -------------------------------------------------------------------------------------------
     def spend(self) -> Spend:
@@ -220,17 +220,28 @@ class Engine(TrainContext):
                             "no role asked", target=target)
         return await self.proposer.propose(self.proposer_context, ev, key, target)
 
+    def no_new_try(self, ev: Evidence) -> Refuse:
+        """Why a spec the roles wrote on `ev` is no new try, or None: it rebuilds a harness this run already
+        validated and rejected (the writer sends it back once, and does not offer such a repair at all)."""
+        def refuse(spec: HarnessSpec) -> str | None:
+            if not self.rebuilds_rejected(spec, ev):
+                return None
+            return ("this spec builds exactly a harness this run already tried and rejected (see the earlier "
+                    "rounds); propose a change that was not tried yet")
+        return refuse
+
     def rebuilds_rejected(self, spec: HarnessSpec, ev: Evidence) -> bool:
         """True when a spec the catalog applies itself (no code for the implementer to write) builds a harness
         this run already validated and rejected: known from the spec alone (no model call, no replay)."""
-        if any(not LEVERS[c.kind].apply for c in spec.changes) or self.cfg.train.implementer_command:
+        rejected = self.history.rejected_candidates()
+        if not rejected or any(not LEVERS[c.kind].apply for c in spec.changes) or self.cfg.train.implementer_command:
             return False
         files, _ = apply_structured(ev.current, spec, ev.trajectories, {t.id: t for t in self.train_tasks})
         try:
             version = check_static(ev.current, files, self.train_tasks)
         except (CheckFailed, ValueError, KeyError):
             return False
-        return version.id in self.history.rejected_candidates()
+        return version.id in rejected
 
     async def candidates(self, key: str, ev: Evidence, spec: HarnessSpec | None, source: str,
                          target: str | None = None) -> tuple[CandidateRecord, dict[str, HarnessVersion]]:

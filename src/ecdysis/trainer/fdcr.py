@@ -24,7 +24,19 @@ from ..store.db import RunStore
 from .evidence import Pattern
 from .lever_catalog import levers_text
 from .levers import enabled_repairs
-from .spec import Change, HarnessSpec, SpecError, max_items, parse_spec, salvage_spec, spec_json_schema
+from .spec import (
+    Change,
+    HarnessSpec,
+    SpecError,
+    max_items,
+    parse_spec,
+    repair_spec,
+    repair_values,
+    salvage_spec,
+    spec_json_schema,
+)
+
+Refuse = Callable[[HarnessSpec], str | None]  # why a spec would be no new try, or None
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
 MAX_FILE_CHARS = 1200
@@ -218,11 +230,14 @@ class SpecWriter:
         self.store.put_record(self.run_id, "transcript", key, transcript)
 
     async def write(self, key: str, harness: HarnessVersion, patterns: list[Pattern], passes: int,
-                    debate: bool = True, earlier: str = "") -> DebateOutcome:
+                    debate: bool = True, earlier: str = "", refuse: Refuse | None = None) -> DebateOutcome:
         """Debate for `passes` rounds (if `debate`), then have the Moderator (or analyst) write the spec.
 
-        `earlier` describes specs tried in earlier rounds and why they were rejected.
+        `earlier` describes specs tried in earlier rounds and why they were rejected. `refuse` says why a spec
+        would be no new try (e.g. it rebuilds a harness the run already rejected), or None: such a spec is sent
+        back once, and a repair it names is not offered at all.
         """
+        refuse = refuse or (lambda spec: None)
         transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
         context = {"harness": harness_summary(harness), "patterns": patterns_text(patterns), "levers": levers_text(),
                    "earlier": earlier or "(first attempt)"}
@@ -248,9 +263,12 @@ class SpecWriter:
         raw: list[str] = []
         history: list[Message] = []
         error = ""
+        combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
+        enabled = enabled_names(harness.files)
+        tried = frozenset(r for r in repair_values(combinations) if not set(r.split("+")) <= enabled
+                          and refuse(repair_spec(r, sorted(ids))) is not None)
+        schema = spec_json_schema(combinations, enabled, tried)
         for attempt in range(2):  # the spec, then one repair with the error shown
-            combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
-            schema = spec_json_schema(combinations, enabled_names(harness.files))
             try:
                 text, finish = await self._say(writer, prompt, schema=schema,
                                                history=history)
@@ -261,7 +279,7 @@ class SpecWriter:
             try:
                 spec = parse_spec(text, harness, ids)
                 if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns) or
-                                     repairs_without_gain(spec, patterns)):
+                                     repairs_without_gain(spec, patterns) or refuse(spec)):
                     raise SpecError(ignored)
             except SpecError as exc:
                 error = str(exc)

@@ -55,20 +55,33 @@ def max_items(name: str) -> int:
     return next(m.max_length for m in HarnessSpec.model_fields[name].metadata if hasattr(m, "max_length"))
 
 
-def spec_json_schema(combinations: tuple[str, ...] = (), enabled: frozenset[str] = frozenset()) -> dict[str, Any]:
+def repair_values(combinations: tuple[str, ...] = ()) -> list[str]:
+    """What an enable_repair change may name: every catalog repair, then the measured combinations."""
+    return [*REPAIRS, *(c for c in combinations if c not in REPAIRS)]
+
+
+def repair_spec(repair: str, patterns: list[str]) -> HarnessSpec:
+    """The spec that enables one repair (or combination) and nothing else."""
+    return HarnessSpec.model_construct(patterns_addressed=patterns, skills=[], implementation_notes="",
+                                       expected_effect="", changes=[Change(layer="H2", kind="enable_repair",
+                                                                          repair=repair)])
+
+
+def spec_json_schema(combinations: tuple[str, ...] = (), enabled: frozenset[str] = frozenset(),
+                     tried: frozenset[str] = frozenset()) -> dict[str, Any]:
     """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept. `combinations`
     (measured levers' ids such as "answer_phrase+last_number") are allowed as `repair` values too.
 
-    A repair (or combination) the harness already has all of (`enabled`) is left out of the `repair` values,
-    and `enable_repair` out of the kinds when no repair is left: a grammar-constrained writer cannot spend its
-    spec on a change that changes nothing.
+    A repair (or combination) the harness already has all of (`enabled`), or whose enabling this run already
+    validated and rejected (`tried`), is left out of the `repair` values, and `enable_repair` out of the kinds
+    when no repair is left: a grammar-constrained writer cannot spend its spec on a change that changes
+    nothing or is known to lose.
 
     Strings are length-bounded: small models otherwise write until the token limit cuts the JSON.
     """
     s = {"type": "string", "maxLength": 200}
     short = {"type": "string", "maxLength": 40}
-    repairs = [r for r in (*REPAIRS, *(c for c in combinations if c not in REPAIRS))
-               if not set(r.split("+")) <= enabled]
+    repairs = [r for r in repair_values(combinations) if not set(r.split("+")) <= enabled and r not in tried]
     change = {
         "type": "object",
         "properties": {

@@ -11,6 +11,7 @@ step into one harness modification spec. Which failures a step targets is the me
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ...agent.trajectory import Trajectory
@@ -19,7 +20,7 @@ from ...envs.base import Task
 from ...harness.manifest import HarnessVersion
 from ..evaluation import Measured
 from ..evidence import Pattern
-from ..fdcr import SpecWriter
+from ..fdcr import Refuse, SpecWriter
 from ..history import StepHistory
 from ..levers import Measurement
 from ..spec import HarnessSpec
@@ -45,12 +46,14 @@ class Evidence:
 @dataclass(frozen=True)
 class ProposerContext:
     """What a proposer may use: the roles (through the writer, which stores their transcripts), the settings,
-    the training tasks (their gold answers ground failures) and what the run tried before."""
+    the training tasks (their gold answers ground failures) and what the run tried before (`history`, and
+    `no_new_try`: why a spec for a step's evidence would rebuild a harness already decided, or None)."""
 
     writer: SpecWriter
     settings: Config
     train_tasks: list[Task]
     history: StepHistory
+    no_new_try: Callable[[Evidence], Refuse] = lambda evidence: lambda spec: None
 
 
 @dataclass
