@@ -200,6 +200,18 @@ async def test_a_spec_known_to_rebuild_a_rejected_harness_is_sent_back_and_its_r
     assert "last_line" not in offered["enum"] and "boxed_answer" in offered["enum"]
     assert "rebuilds the harness round 1 rejected" in model.model.calls[1].messages[-1].content
     assert outcome.spec is not None and outcome.spec.changes[0].repair == "boxed_answer"
+    # measured patterns: only the repairs a measured lever holds are offered, and none when none gained
+    from ecdysis.trainer.evidence import LeverEffect
+    from ecdysis.trainer.fdcr import not_offered
+    pattern.measured = [LeverEffect(lever="enable_repair boxed_answer+last_line", gained=2)]
+    left_out = not_offered(("boxed_answer+last_line",), frozenset({"last_line"}), [pattern], lambda r: None)
+    offered = spec_json_schema(("boxed_answer+last_line",), frozenset({"last_line"}), left_out)
+    assert offered["properties"]["changes"]["items"]["properties"]["repair"]["enum"] == [
+        "", "boxed_answer", "boxed_answer+last_line"]
+    pattern.measured = []
+    left_out = not_offered((), frozenset(), [pattern], lambda r: None)
+    kinds = spec_json_schema((), frozenset(), left_out)["properties"]["changes"]["items"]["properties"]["kind"]
+    assert left_out == frozenset(REPAIRS) and "enable_repair" not in kinds["enum"]
 
 
 @pytest.mark.parametrize("skip", [False, True])

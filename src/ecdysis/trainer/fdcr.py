@@ -143,6 +143,17 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
             "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
 
 
+def not_offered(combinations: tuple[str, ...], enabled: frozenset[str], patterns: list[Pattern],
+                refuse: Callable[[str], str | None]) -> frozenset[str]:
+    """The repair values the writer's grammar leaves out besides those the harness has: when the patterns were
+    measured, every repair no measured lever holds (its replay gained nothing: `repairs_without_gain` would
+    send it back), and every repair `refuse` refuses (e.g. its harness was already rejected)."""
+    measured = any(p.measured is not None for p in patterns)
+    useful = {name for p in patterns for m in p.measured or [] for name in m.repairs}
+    return frozenset(r for r in repair_values(combinations) if not set(r.split("+")) <= enabled and (
+        (measured and not set(r.split("+")) <= useful) or refuse(r) is not None))
+
+
 def library_spec(patterns: list[Pattern]) -> HarnessSpec | None:
     """When no valid spec came out of the roles: an empty spec for the first recurring pattern with a
     measured zero-loss lever (which `with_verified_levers` then fills in), else None."""
@@ -265,9 +276,8 @@ class SpecWriter:
         error = ""
         combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
         enabled = enabled_names(harness.files)
-        tried = frozenset(r for r in repair_values(combinations) if not set(r.split("+")) <= enabled
-                          and refuse(repair_spec(r, sorted(ids))) is not None)
-        schema = spec_json_schema(combinations, enabled, tried)
+        schema = spec_json_schema(combinations, enabled, not_offered(combinations, enabled, patterns,
+                                                                     lambda r: refuse(repair_spec(r, sorted(ids)))))
         for attempt in range(2):  # the spec, then one repair with the error shown
             try:
                 text, finish = await self._say(writer, prompt, schema=schema,

@@ -68,20 +68,20 @@ def repair_spec(repair: str, patterns: list[str]) -> HarnessSpec:
 
 
 def spec_json_schema(combinations: tuple[str, ...] = (), enabled: frozenset[str] = frozenset(),
-                     tried: frozenset[str] = frozenset()) -> dict[str, Any]:
+                     left_out: frozenset[str] = frozenset()) -> dict[str, Any]:
     """A flat schema (no $ref) that llama.cpp's grammar converter and OpenAI both accept. `combinations`
     (measured levers' ids such as "answer_phrase+last_number") are allowed as `repair` values too.
 
-    A repair (or combination) the harness already has all of (`enabled`), or whose enabling this run already
-    validated and rejected (`tried`), is left out of the `repair` values, and `enable_repair` out of the kinds
-    when no repair is left: a grammar-constrained writer cannot spend its spec on a change that changes
-    nothing or is known to lose.
+    A repair (or combination) the harness already has all of (`enabled`), and the values in `left_out` (e.g.
+    a repair whose enabling the run already rejected, or whose replay gained nothing), are left out of the
+    `repair` values, and `enable_repair` out of the kinds when no repair is left: a grammar-constrained writer
+    cannot spend its spec on a change that changes nothing or is known not to help.
 
     Strings are length-bounded: small models otherwise write until the token limit cuts the JSON.
     """
     s = {"type": "string", "maxLength": 200}
     short = {"type": "string", "maxLength": 40}
-    repairs = [r for r in repair_values(combinations) if not set(r.split("+")) <= enabled and r not in tried]
+    repairs = [r for r in repair_values(combinations) if not set(r.split("+")) <= enabled and r not in left_out]
     change = {
         "type": "object",
         "properties": {
