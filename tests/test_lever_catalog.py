@@ -155,3 +155,14 @@ def test_a_new_entry_is_parseable_shown_filtered_and_applied(monkeypatch: pytest
     files, notes = apply_structured(harness, spec, [], {})
     assert notes == ["budget.max_turns = 12"]
     assert check_static(harness, files, []).manifest.budget.max_turns == 12
+
+
+def test_earlier_attempts_name_a_rule_by_its_text_not_a_stray_repair() -> None:
+    """Designed seed 1: a rule written with `repair: "answer_set"` was listed as "add_rule answer_set", and the
+    1.5B roles copied that line into later rules (refused: it names a built-in repair)."""
+    spec = parse_spec(json.dumps({"patterns_addressed": ["P1"], "changes": [
+        {"layer": "H3", "kind": "add_rule", "text": "Write the final answer alone.", "repair": "answer_set",
+         "rationale": "r"},
+        {"layer": "H2", "kind": "enable_repair", "text": "enable it", "repair": "last_line", "rationale": "r"}]}),
+        seed_with("gsm8k"), {"P1"})
+    assert spec.summary() == "add_rule Write the final answer alone.; enable_repair last_line"

@@ -32,8 +32,9 @@ class HarnessSpec(BaseModel):
     expected_effect: str = ""
 
     def summary(self) -> str:
-        """One line naming each change, for prompts that show what earlier attempts tried."""
-        return "; ".join(f"{c.kind} {c.repair or c.text[:80]}" for c in self.changes)
+        """One line naming each change, for prompts that show what earlier attempts tried: a repair by its name,
+        any other change by its text (a stray `repair` on a rule is not what the rule added)."""
+        return "; ".join(f"{c.kind} {c.repair if c.kind == 'enable_repair' else c.text[:80]}" for c in self.changes)
 
     def deterministic_part(self) -> HarnessSpec | None:
         """The changes replay verifies exactly (the catalog's `exact` levers: enabled H2 repairs) alone, when
