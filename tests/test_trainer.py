@@ -24,7 +24,7 @@ from ecdysis.trainer.checks import CheckFailed, check_replay, check_static
 from ecdysis.trainer.failures import aggregate, failure_record, suggest_levers
 from ecdysis.trainer.fdcr import SpecWriter
 from ecdysis.trainer.records import CandidateRecord, RoundRecord, SerialEdit, SpecRecord
-from ecdysis.trainer.spec import spec_json_schema
+from ecdysis.trainer.spec import parse_spec, spec_json_schema
 from ecdysis.workspace import Workspace
 
 ROLES = ("analyst", "critic", "engineer", "moderator", "implementer")
@@ -208,6 +208,13 @@ async def test_a_spec_known_to_rebuild_a_rejected_harness_is_sent_back_and_its_r
     offered = spec_json_schema(("boxed_answer+last_line",), frozenset({"last_line"}), left_out)
     assert offered["properties"]["changes"]["items"]["properties"]["repair"]["enum"] == [
         "", "boxed_answer", "boxed_answer+last_line"]
+    # designed seed 2: a rule sent back for leaving out the verified lever came back the same, and the library
+    # added the lever: the harness round 2 had rejected, ten rounds running. The refusal sees the built spec.
+    from ecdysis.trainer.fdcr import send_back
+    pattern.measured = [LeverEffect(lever="enable_repair boxed_answer", gained=2)]
+    alone = parse_spec(json.dumps(rule), seed_with("gsm8k"), {"P1"})
+    reasons = send_back(alone, [pattern], lambda s: "rebuilds r2" if "boxed_answer" in s.summary() else None)
+    assert len(reasons) == 2 and reasons[0].startswith("P1 has a measured lever") and reasons[1] == "rebuilds r2"
     pattern.measured = []
     left_out = not_offered((), frozenset(), [pattern], lambda r: None)
     kinds = spec_json_schema((), frozenset(), left_out)["properties"]["changes"]["items"]["properties"]["kind"]

@@ -143,6 +143,15 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
             "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
 
 
+def send_back(spec: HarnessSpec, patterns: list[Pattern], refuse: Refuse) -> list[str]:
+    """Every reason to send a valid spec back once: it ignores a measured zero-loss lever, enables a repair
+    whose replay gained nothing, or, with the levers the library would add (`with_verified_levers`), is no
+    new try (`refuse`: e.g. it rebuilds a harness the run already rejected)."""
+    built = with_verified_levers(spec, patterns)[0]
+    reasons = (ignored_verified_lever(spec, patterns), repairs_without_gain(spec, patterns), refuse(built))
+    return [reason for reason in reasons if reason]
+
+
 def not_offered(combinations: tuple[str, ...], enabled: frozenset[str], patterns: list[Pattern],
                 refuse: Callable[[str], str | None]) -> frozenset[str]:
     """The repair values the writer's grammar leaves out besides those the harness has: when the patterns were
@@ -288,9 +297,8 @@ class SpecWriter:
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
-                if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns) or
-                                     repairs_without_gain(spec, patterns) or refuse(spec)):
-                    raise SpecError(ignored)
+                if attempt == 0 and (reasons := send_back(spec, patterns, refuse)):
+                    raise SpecError("; ".join(reasons))
             except SpecError as exc:
                 error = str(exc)
                 if finish == "length":
