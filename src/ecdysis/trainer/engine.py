@@ -222,7 +222,7 @@ class Engine(TrainContext):
 
     def no_new_try(self, ev: Evidence) -> Refuse:
         """Why a spec the roles wrote on `ev` is no new try, or None: it rebuilds a harness this run already
-        validated and rejected (the writer sends it back once, and does not offer such a repair at all)."""
+        validated and rejected (the writer's grammar does not offer such a repair)."""
         def refuse(spec: HarnessSpec) -> str | None:
             if not self.rebuilds_rejected(spec, ev):
                 return None
