@@ -178,7 +178,7 @@ async def test_a_repair_the_harness_already_has_cannot_be_the_spec(tmp_path: Pat
 
 
 async def test_a_repair_known_to_rebuild_a_rejected_harness_is_not_offered(tmp_path: Path) -> None:
-    """What the engine knows was validated and rejected (`refuse`) is left out of the writer's grammar when it is
+    """What the engine knows was validated and rejected (`tried`) is left out of the writer's grammar when it is
     a repair. Any other spec is not sent back for it (measured: the 1.5B writer returned the same spec 13 times
     of 13); the engine gives such a round to the library."""
     from ecdysis.store import RunStore
@@ -188,14 +188,13 @@ async def test_a_repair_known_to_rebuild_a_rejected_harness_is_not_offered(tmp_p
     rule = BOXED_SPEC | {"changes": [{"layer": "H3", "kind": "add_rule", "text": "Put the answer in \\boxed{}.",
                                       "repair": "", "rationale": "r"}]}
 
-    def refuse(spec: Any) -> str | None:
-        tried = [c for c in spec.changes if c.repair == "last_line" or c.kind == "add_rule"]
-        return "rebuilds the harness round 1 rejected" if tried else None
+    def tried(spec: Any) -> bool:
+        return any(c.repair == "last_line" or c.kind == "add_rule" for c in spec.changes)
 
     model = MeteredModel(ScriptedModel([json.dumps(rule), json.dumps(BOXED_SPEC)]), role="moderator")
     writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer",
                                                                           "moderator"), model))
-    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, refuse=refuse)
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, tried=tried)
     offered = model.model.calls[0].params.json_schema["properties"]["changes"]["items"]["properties"]["repair"]
     assert "last_line" not in offered["enum"] and "boxed_answer" in offered["enum"]
     assert len(model.model.calls) == 1 and outcome.spec is not None and outcome.spec.changes[0].kind == "add_rule"
@@ -203,12 +202,12 @@ async def test_a_repair_known_to_rebuild_a_rejected_harness_is_not_offered(tmp_p
     from ecdysis.trainer.evidence import LeverEffect
     from ecdysis.trainer.fdcr import not_offered
     pattern.measured = [LeverEffect(lever="enable_repair boxed_answer+last_line", gained=2)]
-    left_out = not_offered(("boxed_answer+last_line",), frozenset({"last_line"}), [pattern], lambda r: None)
+    left_out = not_offered(("boxed_answer+last_line",), frozenset({"last_line"}), [pattern], lambda r: False)
     offered = spec_json_schema(("boxed_answer+last_line",), frozenset({"last_line"}), left_out)
     assert offered["properties"]["changes"]["items"]["properties"]["repair"]["enum"] == [
         "", "boxed_answer", "boxed_answer+last_line"]
     pattern.measured = []
-    left_out = not_offered((), frozenset(), [pattern], lambda r: None)
+    left_out = not_offered((), frozenset(), [pattern], lambda r: False)
     kinds = spec_json_schema((), frozenset(), left_out)["properties"]["changes"]["items"]["properties"]["kind"]
     assert left_out == frozenset(REPAIRS) and "enable_repair" not in kinds["enum"]
 
@@ -417,7 +416,7 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     ws = topic_ws(tmp_path, roles)
     result = await train_async(ws.config, ws=ws)
     first, second = result.rounds[0], result.rounds[1]
-    assert not [p for p in roles.prompts if "already tried and rejected" in p]  # no send-back: the library acts
+    assert not [p for p in roles.prompts if "you wrote was rejected" in p]  # no send-back: the library acts
     assert not first.accepted and "no strict gain" in first.reason
     assert records.load(ws.store, result.run_id, SpecRecord, "r2").source == "roles"  # the same spec again
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r2")

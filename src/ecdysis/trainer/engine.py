@@ -34,7 +34,7 @@ from .context import TrainContext
 from .evaluation import Evaluator, Measured
 from .exact import Replays, decide_on_replays, decide_train_exact, first_loss
 from .failures import Pattern
-from .fdcr import Refuse, SpecWriter
+from .fdcr import SpecWriter, Tried
 from .history import StepHistory
 from .implement import Candidate, apply_structured
 from .lever_catalog import LEVERS, edits_only_h2
@@ -220,15 +220,10 @@ class Engine(TrainContext):
                             "no role asked", target=target)
         return await self.proposer.propose(self.proposer_context, ev, key, target)
 
-    def no_new_try(self, ev: Evidence) -> Refuse:
-        """Why a spec the roles wrote on `ev` is no new try, or None: it rebuilds a harness this run already
-        validated and rejected (the writer's grammar does not offer such a repair)."""
-        def refuse(spec: HarnessSpec) -> str | None:
-            if not self.rebuilds_rejected(spec, ev):
-                return None
-            return ("this spec builds exactly a harness this run already tried and rejected (see the earlier "
-                    "rounds); propose a change that was not tried yet")
-        return refuse
+    def no_new_try(self, ev: Evidence) -> Tried:
+        """Whether a spec written on `ev` rebuilds a harness this run already validated and rejected (the
+        writer's grammar does not offer such a repair)."""
+        return lambda spec: self.rebuilds_rejected(spec, ev)
 
     def rebuilds_rejected(self, spec: HarnessSpec, ev: Evidence) -> bool:
         """True when a spec the catalog applies itself (no code for the implementer to write) builds a harness

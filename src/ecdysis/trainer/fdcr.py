@@ -36,7 +36,7 @@ from .spec import (
     spec_json_schema,
 )
 
-Refuse = Callable[[HarnessSpec], str | None]  # why a spec would be no new try, or None
+Tried = Callable[[HarnessSpec], bool]  # True: the spec rebuilds a harness the run already validated and rejected
 
 DEBATE_ROLES = ("analyst", "critic", "engineer")
 MAX_FILE_CHARS = 1200
@@ -132,9 +132,9 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
 
 def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
     """The reason to send a spec back once: it enables a repair whose replay gained nothing for any pattern."""
-    if all(p.measured is None for p in patterns):
+    useful = measured_repairs(patterns)
+    if useful is None:
         return None  # nothing was measured (e.g. replay unavailable)
-    useful = {name for p in patterns for m in p.measured or [] for name in m.repairs}
     useless = [c.repair for c in spec.changes if c.kind == "enable_repair"
                and any(n not in useful for n in c.repair.split("+"))]
     if not useless:
@@ -143,15 +143,21 @@ def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | No
             "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
 
 
+def measured_repairs(patterns: list[Pattern]) -> set[str] | None:
+    """The repairs some measured lever of the patterns holds; None when nothing was measured."""
+    if all(p.measured is None for p in patterns):
+        return None
+    return {name for p in patterns for m in p.measured or [] for name in m.repairs}
+
+
 def not_offered(combinations: tuple[str, ...], enabled: frozenset[str], patterns: list[Pattern],
-                refuse: Callable[[str], str | None]) -> frozenset[str]:
+                tried: Callable[[str], bool]) -> frozenset[str]:
     """The repair values the writer's grammar leaves out besides those the harness has: when the patterns were
     measured, every repair no measured lever holds (its replay gained nothing: `repairs_without_gain` would
-    send it back), and every repair `refuse` refuses (e.g. its harness was already rejected)."""
-    measured = any(p.measured is not None for p in patterns)
-    useful = {name for p in patterns for m in p.measured or [] for name in m.repairs}
+    send it back), and every repair `tried` says the run already rejected."""
+    useful = measured_repairs(patterns)
     return frozenset(r for r in repair_values(combinations) if not set(r.split("+")) <= enabled and (
-        (measured and not set(r.split("+")) <= useful) or refuse(r) is not None))
+        (useful is not None and not set(r.split("+")) <= useful) or tried(r)))
 
 
 def library_spec(patterns: list[Pattern]) -> HarnessSpec | None:
@@ -241,15 +247,15 @@ class SpecWriter:
         self.store.put_record(self.run_id, "transcript", key, transcript)
 
     async def write(self, key: str, harness: HarnessVersion, patterns: list[Pattern], passes: int,
-                    debate: bool = True, earlier: str = "", refuse: Refuse | None = None) -> DebateOutcome:
+                    debate: bool = True, earlier: str = "", tried: Tried | None = None) -> DebateOutcome:
         """Debate for `passes` rounds (if `debate`), then have the Moderator (or analyst) write the spec.
 
-        `earlier` describes specs tried in earlier rounds and why they were rejected. `refuse` says why a spec
-        would be no new try (e.g. it rebuilds a harness the run already rejected), or None: a repair whose spec
-        it refuses is not offered. (Sending such specs back was measured and dropped: on designed seed 2 the
-        1.5B writer returned the same spec 13 times of 13, at one more call a round; docs/claim.md.)
+        `earlier` describes specs tried in earlier rounds and why they were rejected. A repair whose spec
+        `tried` says rebuilds a harness the run already rejected is not offered. (Sending such specs back was
+        measured and dropped: on designed seed 2 the 1.5B writer returned the same spec 13 times of 13, at one
+        more call a round; docs/claim.md.)
         """
-        refuse = refuse or (lambda spec: None)
+        tried = tried or (lambda spec: False)
         transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
         context = {"harness": harness_summary(harness), "patterns": patterns_text(patterns), "levers": levers_text(),
                    "earlier": earlier or "(first attempt)"}
@@ -278,7 +284,7 @@ class SpecWriter:
         combinations = tuple(sorted({"+".join(m.repairs) for p in patterns for m in p.measured or []}))
         enabled = enabled_names(harness.files)
         schema = spec_json_schema(combinations, enabled, not_offered(combinations, enabled, patterns,
-                                                                     lambda r: refuse(repair_spec(r, sorted(ids)))))
+                                                                     lambda r: tried(repair_spec(r, sorted(ids)))))
         for attempt in range(2):  # the spec, then one repair with the error shown
             try:
                 text, finish = await self._say(writer, prompt, schema=schema,

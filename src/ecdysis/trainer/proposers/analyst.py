@@ -16,6 +16,6 @@ class AnalystProposer(Proposer):
     async def propose(self, ctx: ProposerContext, evidence: Evidence, key: str, target: str | None) -> Proposal:
         outcome = await ctx.writer.write(key, evidence.current, evidence.patterns, ctx.settings.train.debate_passes,
                                          debate=self.debate, earlier=ctx.history.earlier_attempts(evidence.round),
-                                         refuse=ctx.no_new_try(evidence))
+                                         tried=ctx.no_new_try(evidence))
         return Proposal(outcome.spec, evidence.patterns, error=outcome.error, source=outcome.source,
                         stopped=outcome.stopped)

@@ -20,7 +20,7 @@ from ...envs.base import Task
 from ...harness.manifest import HarnessVersion
 from ..evaluation import Measured
 from ..evidence import Pattern
-from ..fdcr import Refuse, SpecWriter
+from ..fdcr import SpecWriter, Tried
 from ..history import StepHistory
 from ..levers import Measurement
 from ..spec import HarnessSpec
@@ -47,13 +47,13 @@ class Evidence:
 class ProposerContext:
     """What a proposer may use: the roles (through the writer, which stores their transcripts), the settings,
     the training tasks (their gold answers ground failures) and what the run tried before (`history`, and
-    `no_new_try`: why a spec for a step's evidence would rebuild a harness already decided, or None)."""
+    `no_new_try`: whether a spec for a step's evidence would rebuild a harness already rejected)."""
 
     writer: SpecWriter
     settings: Config
     train_tasks: list[Task]
     history: StepHistory
-    no_new_try: Callable[[Evidence], Refuse] = lambda evidence: lambda spec: None
+    no_new_try: Callable[[Evidence], Tried] = lambda evidence: lambda spec: False
 
 
 @dataclass

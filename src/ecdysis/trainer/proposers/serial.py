@@ -38,6 +38,6 @@ class SerialProposer(Proposer):
         (pattern,) = self.patterns(ctx, evidence, target)
         assert target is not None
         outcome = await ctx.writer.write(key, evidence.current, [pattern], 0, debate=False,
-                                         earlier=ctx.history.earlier_edits(target), refuse=ctx.no_new_try(evidence))
+                                         earlier=ctx.history.earlier_edits(target), tried=ctx.no_new_try(evidence))
         return Proposal(outcome.spec, [pattern], error=outcome.error, source=outcome.source, target=target,
                         stopped=outcome.stopped)
