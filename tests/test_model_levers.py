@@ -131,6 +131,43 @@ def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
     assert answer_set.changed == ["t7"]  # rejected with rejections to spare: its next reply is unknown, not a fail
 
 
+AMOUNTS = [("How many bottles in 30 crates of 1000?", "30000", "Answer: 30,000"),
+           ("What do 4 tickets at $300 cost?", "1200", "Answer: $1,200"),
+           ("How many apples are left?", "12 apples", "Answer: 12 apples"),  # the gold keeps its unit
+           ("What is 3 + 4?", "7", "Answer: 7"),
+           ("What is 900 + 600?", "1500", "Answer: 1,400")]  # wrong either way
+
+
+def test_plain_number_is_measured_by_replay_with_its_gains_and_its_losses(tmp_path: Path) -> None:
+    """A formatted number ('30,000' for the gold '30000') is a harness-level failure the replay finds: the
+    repair gains those tasks, and loses the one whose gold keeps its unit; a live run agrees with the replay."""
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps({"id": f"n{i}", "prompt": p, "answer": g, "split": "train"})
+                              for i, (p, g, _) in enumerate(AMOUNTS)))
+    replies = {p: r for p, _, r in AMOUNTS}
+    harness = write_seed(tmp_path / "seed", "jsonl")
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"', 'env.options.grader="exact"',
+                             f'agent.harness="{harness}"', "run.progress=false", 'agent.model="scripted:agent"',
+                             f'run.run_dir="{tmp_path / "run"}"', f'cache.path="{tmp_path / "c.sqlite"}"'])
+    ws = Workspace.open(cfg)
+    ws.backends["agent|scripted:agent"] = ScriptedModel(
+        lambda messages: next(r for p, r in replies.items() if any(p in m.content for m in messages)))
+    train = ws.tasks("train", None)
+    runner = ws.runner(ws.store.start_run("eval", {}, run_id="e"))
+    seed = ws.harness()
+    before = asyncio.run(runner.evaluate(seed, train, 1, "train", "before"))
+    measured = asyncio.run(measure_repairs(seed, ws.store.trajectories(before.eval_id), ws.env,
+                                           {t.id: t for t in train}, runner.limits))
+    plain = next(m for m in measured if m.repairs == ["plain_number"])
+    assert sorted(plain.gained) == ["n0", "n1"] and plain.lost == ["n2"]
+    assert not plain.safe  # a passing task is lost: the library does not enable it blindly
+    after = asyncio.run(runner.evaluate(seed.with_files({"repairs.json": '["plain_number"]'}), train, 1, "train",
+                                        "after"))
+    passed = lambda eval_id: {t.task_id for t in ws.store.trajectories(eval_id) if t.passed}  # noqa: E731
+    assert passed(after.eval_id) - passed(before.eval_id) == set(plain.gained)  # replay == live
+    assert passed(before.eval_id) - passed(after.eval_id) == set(plain.lost)
+
+
 def test_answer_set_maps_or_rejects_with_the_allowed_answers() -> None:
     from ecdysis.harness.api import answer
     from ecdysis.harness.repairs import answer_set

@@ -59,3 +59,24 @@ def test_error_answer_fires_only_on_an_answer_that_restates_the_last_error() -> 
     assert error_answer(answer("Error: x"), ActionContext((), 0, "q")) is None  # nothing ran yet
     assert tool_error("Traceback (most recent call last):\n  ...") == "Traceback (most recent call last):"
     assert tool_error("[('error', 3)]") is None  # a result that merely contains the word
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("30,000", "30000"), ("$1,200.50", "1200.50"), ("30000 bottles", "30000"), ("45%", "45"),
+    ("-1,234", "-1234"), ("\u22125", "-5"), ("12 apples.", "12"), ("USD 1,000", "1000"),
+    ("2,500 square feet", "2500"),
+    ("30000", None), ("1.5 million", None), ("3 hours 20 minutes", None), ("twenty", None), ("1,2,3", None),
+    ("10:30", None), ("The answer is 5", None), ("5 m", None),
+])
+def test_plain_number_strips_the_format_of_one_number_and_nothing_else(given: str, expected: str | None) -> None:
+    from ecdysis.harness.api import ActionContext, answer
+
+    fixed = CATALOG["plain_number"].apply(answer(given), ActionContext((), 0, "q"))
+    assert fixed == (answer(expected) if expected is not None else None)
+
+
+def test_plain_number_leaves_declared_answer_sets_and_tool_calls_alone() -> None:
+    from ecdysis.harness.api import ActionContext, answer
+
+    assert CATALOG["plain_number"].apply(answer("30,000"), ActionContext((), 0, "q", choices=("30,000", "1"))) is None
+    assert CATALOG["plain_number"].apply(Action("sql", "30,000"), ActionContext(SQL, 0, "q")) is None

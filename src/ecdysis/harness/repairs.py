@@ -116,6 +116,29 @@ def answer_set(action: Action, choices: tuple[str, ...]) -> Action | Reject | No
                   f"Reply with exactly one of: {allowed}.", rule="answer-set")
 
 
+_SCALE = {"hundred", "thousand", "million", "billion", "trillion", "k", "m", "bn", "mn", "dozen", "half", "quarter"}
+_FORMATTED = re.compile(
+    r"(?P<sign>[-+\u2212]?)\s*(?:[$\u20ac\u00a3\u00a5]|usd|eur|gbp)?\s*"
+    r"(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?\s*"
+    r"(?P<unit>%|[a-z][a-z/.-]*(?:\s+[a-z][a-z/.-]*){0,2})?\s*\.?", re.IGNORECASE)
+
+
+def plain_number(action: Action, ctx: ActionContext) -> Action | None:
+    """`plain_number`: a final answer that is one number written with thousands separators, a currency sign or
+    a unit ('30,000', '$1,200.50', '12 apples', '45%') becomes the plain number ('30000', '1200.50', '12',
+    '45'). Nothing else changes: an answer that is already plain, holds two numbers, a scale word ('1.5
+    million') or words before the number, or a task with a declared answer set."""
+    if ctx.choices or not action.is_answer:
+        return None
+    found = _FORMATTED.fullmatch(action.input.strip())
+    unit = (found.group("unit") or "").split() if found else []
+    if found is None or (unit and unit[0].lower().strip("./-") in _SCALE):
+        return None
+    sign = "-" if found.group("sign") in ("-", "\u2212") else ""
+    plain = sign + found.group("int").replace(",", "") + (found.group("frac") or "")
+    return answer(plain) if plain != action.input.strip() else None
+
+
 _ERROR = re.compile(r"^[\s*`]*(?:error|exception|traceback|failed|invalid)\b", re.IGNORECASE)
 _WORD = re.compile(r"[a-z0-9_]+")
 
@@ -182,6 +205,8 @@ CATALOG: dict[str, Repair] = {
         Repair("answer_set", "tasks with a declared answer set (labels, options): an answer outside it is mapped "
                "to the allowed answer it names, or rejected with the allowed answers",
                lambda action, ctx: answer_set(action, ctx.choices), "answer"),
+        Repair("plain_number", "a final answer that is one number with thousands separators, a currency sign or "
+               "a unit ('$30,000', '12 apples') becomes the plain number ('30000', '12')", plain_number, "answer"),
         Repair("error_answer", "tool tasks: a final answer that restates the error the last action returned is "
                "rejected with that error as feedback (fix the action and run it again)", error_answer, "answer"),
     )
