@@ -141,17 +141,21 @@ def compare_summary(
                                                 "accuracy per group and arm.")] = None,
     reference: Annotated[str | None, typer.Option(help="With --groups: the arm paired differences are taken "
                                                    "against (default: fixed, when it ran).")] = None,
+    project: Annotated[bool, typer.Option(help="With a registration naming its seeds, on an interim pool: how "
+                                               "often the registered rules would decide each contrast and factor "
+                                               "if the missing seeds looked like the complete ones.")] = False,
 ) -> None:
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     what each training arm's charged time bought (its steps by outcome); with `--groups FILE`, test accuracy per
     task group (e.g. failure kind), also written as groups.json. `--out DIR` writes it all, and summary.md: every
-    table as Markdown."""
+    table as Markdown. `--project` adds, on an interim pool, what the registered seeds may decide (a guide)."""
     from ..compare.factorial import Registration, factorial_report
     from ..compare.files import pool_results, write_results
     from ..compare.groups import group_report, read_groups
     from ..compare.outcomes import outcome_table
+    from ..compare.projection import project as projected
     from ..compare.verdict import verdicts
     from ..report.markdown import to_markdown
 
@@ -179,6 +183,13 @@ def compare_summary(
         if decided_by_rules:
             shown.append(decided_by_rules.table())
         decided = decided_by_rules.to_dict()
+        if project:
+            if (guide := projected(pooled, report.registration)) is not None:
+                shown.append(guide.table())
+                decided["projection"] = guide.to_dict()
+            else:
+                shown.append("--project: nothing to project (no registered number of seeds, every registered seed "
+                             "complete, or fewer than two complete seeds).")
     if (bought := outcome_table(pooled)) is not None:
         shown.append(bought)
     if by_group is not None:
