@@ -66,7 +66,9 @@ def test_error_answer_fires_only_on_an_answer_that_restates_the_last_error() -> 
     ("-1,234", "-1234"), ("\u22125", "-5"), ("12 apples.", "12"), ("USD 1,000", "1000"),
     ("2,500 square feet", "2500"),
     ("30000", None), ("1.5 million", None), ("3 hours 20 minutes", None), ("twenty", None), ("1,2,3", None),
-    ("10:30", None), ("The answer is 5", None), ("5 m", None),
+    ("10:30", None), ("The answer is 5", None), ("5 m", None), ("2 thirds", None), ("6 thousands", None),
+    ("1 and a half", None), ("3x", None), ("100 BC", None), ("5 March", None), ("5 degrees below zero", None),
+    ("12 months", "12"), ("10 km/h", "10"), ("1,000,000", "1000000"), ("-$5", "-5"),
 ])
 def test_plain_number_strips_the_format_of_one_number_and_nothing_else(given: str, expected: str | None) -> None:
     from ecdysis.harness.api import ActionContext, answer

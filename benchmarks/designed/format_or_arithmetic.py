@@ -20,9 +20,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from grader import grade  # noqa: E402
 
+from ecdysis.agent.trajectory import Trajectory  # noqa: E402
 from ecdysis.harness.api import ActionContext, answer  # noqa: E402
 from ecdysis.harness.repairs import plain_number  # noqa: E402
-from ecdysis.store.db import RunStore  # noqa: E402
 
 SUITE = HERE.parents[1] / "runs" / "designed.jsonl"
 KINDS = HERE.parents[1] / "runs" / "designed.kinds.json"
@@ -43,12 +43,12 @@ def main(run_dirs: list[Path]) -> None:
     seen: set[tuple[str, str, int]] = set()
     print("## What plain_number would change on each test evaluation (post hoc)\n")
     for run_dir in run_dirs:
-        store = RunStore(run_dir)
-        con = sqlite3.connect(f"file:{run_dir / 'ecdysis.sqlite'}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{run_dir / 'ecdysis.sqlite'}?mode=ro", uri=True)  # read only; missing: error
         first = con.execute("SELECT harness_id FROM evaluations ORDER BY rowid LIMIT 1").fetchone()[0]
         for eval_id, run_id, harness, split in con.execute(
-                "SELECT id, run_id, harness_id, split FROM evaluations ORDER BY rowid"):
-            trajectories = store.trajectories(eval_id)
+                "SELECT id, run_id, harness_id, split FROM evaluations ORDER BY rowid").fetchall():
+            trajectories = [Trajectory.from_dict(json.loads(data)) for (data,) in con.execute(
+                "SELECT data FROM trajectories WHERE eval_id=? ORDER BY task_id, trial", (eval_id,))]
             if harness == first:  # the seed harness: count its episodes by kind once
                 for t in trajectories:
                     if (key := (run_dir.name, t.task_id, t.trial)) in seen or t.task_id not in kinds:
@@ -58,15 +58,15 @@ def main(run_dirs: list[Path]) -> None:
                     counts = seed_harness[kinds[t.task_id]]
                     counts["episodes"] += 1
                     counts["passed" if t.passed else "no answer" if t.final_answer is None
-                           else "right number, wrong format" if passes else "wrong answer"] += 1
+                           else "right number, wrong format" if changed and passes else "wrong answer"] += 1
             if split == "test":
-                outcome = [(t.passed, with_plain_number(t.final_answer, tasks[t.task_id])[1]) for t in trajectories]
+                outcome = [(t.passed, passes if changed else t.passed) for t in trajectories
+                           for changed, passes in [with_plain_number(t.final_answer, tasks[t.task_id])]]
                 gained = sum(now and not was for was, now in outcome)
                 lost = sum(was and not now for was, now in outcome)
                 print(f"- {run_dir.name} {run_id} harness {harness[:8]}: test "
                       f"{sum(w for w, _ in outcome)}/{len(outcome)}, with plain_number +{gained} -{lost}")
         con.close()
-        store.close()
     print("\n## The seed harness's episodes by kind\n")
     print("| kind | episodes | passed | no answer | right up to format (plain_number) | wrong answer |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -190,6 +190,8 @@ def compare_summary(
             else:
                 shown.append("--project: nothing to project (no registered number of seeds, every registered seed "
                              "complete, or fewer than two complete seeds).")
+    elif project:
+        shown.append("--project needs a registration (--registered FILE naming its seeds): nothing projected.")
     if (bought := outcome_table(pooled)) is not None:
         shown.append(bought)
     if by_group is not None:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 
 from rich.table import Table
 
-from .factorial import Registration, factor_rows, factorial
+from .factorial import REFERENCES, Registration, factor_rows, factorial
 from .results import ArmResult
-from .verdict import claim_verdicts, factor_gains
+from .verdict import AGGREGATION_ARMS, claim_verdicts, factor_gains, overall
 
 SIMS = 200  # simulated completions
 REPS = 200  # bootstrap resamples per interval inside one completion (the decision itself uses 2000)
@@ -27,8 +27,9 @@ REPS = 200  # bootstrap resamples per interval inside one completion (the decisi
 
 @dataclass(frozen=True)
 class Projection:
-    """Per contrast ("aggregate vs serial") and per factor, the share of simulated completions that decide it
-    as holding / showing a gain."""
+    """Per contrast ("aggregate vs serial"), per aggregation arm's claim ("the claim, aggregate": it holds against
+    every per-failure arm at once) and per factor, the share of simulated completions that decide it as holding /
+    showing a gain."""
 
     seeds_run: int
     seeds_registered: int
@@ -54,12 +55,13 @@ class Projection:
 
 
 def complete_seeds(results: list[ArmResult]) -> list[ArmResult]:
-    """The results of the seeds on which every arm of the pool ran (a seed still running is left out)."""
-    arms = {r.arm for r in results}
+    """The results of the seeds on which every arm the rules read (the per-failure and aggregation arms of the
+    pool) ran; a seed still running is left out, an arm the rules do not read (`fixed`) is not waited for."""
+    needed = {r.arm for r in results} & {*REFERENCES, *AGGREGATION_ARMS}
     ran: dict[int, set[str]] = {}
     for r in results:
         ran.setdefault(r.seed, set()).add(r.arm)
-    return [r for r in results if ran[r.seed] == arms]
+    return [r for r in results if needed <= ran[r.seed]]
 
 
 def completion(results: list[ArmResult], registered: int, rng: random.Random) -> list[ArmResult]:
@@ -84,8 +86,11 @@ def project(results: list[ArmResult], rule: Registration, sims: int = SIMS, reps
     for sim in range(sims):
         sample = completion(results, rule.seeds, rng)
         rows, tau, _ = factorial(sample, rule.target, rule.budget_s, reps, sim)
-        for v in claim_verdicts(rows, rule):
+        contrasts = claim_verdicts(rows, rule)
+        for v in contrasts:
             holds[f"{v.arm} vs {v.against}"] += v.holds
+        for arm, outcome, _ in overall(contrasts):
+            holds[f"the claim, {arm}"] += outcome == "holds"
         for factor, (gain, _) in factor_gains(factor_rows(sample, rule.target, tau, reps, sim), rule).items():
             gains[factor] += gain
     return Projection(seeds_run, rule.seeds, sims, {k: n / sims for k, n in holds.items()},

@@ -116,23 +116,41 @@ def answer_set(action: Action, choices: tuple[str, ...]) -> Action | Reject | No
                   f"Reply with exactly one of: {allowed}.", rule="answer-set")
 
 
-_SCALE = {"hundred", "thousand", "million", "billion", "trillion", "k", "m", "bn", "mn", "dozen", "half", "quarter"}
+# unit words after which the bare number means something else: a scale, a fraction, arithmetic, an era or a
+# time of day, a date ('5 March'), a direction ('5 degrees below zero'); compared without a plural 's'
+_NOT_A_UNIT = frozenset("""
+    hundred thousand million billion trillion lakh crore grand dozen score k bn mn tn
+    half halve third quarter fourth fifth sixth seventh eighth ninth tenth hundredth thousandth millionth
+    and plus minus time squared cubed pi power root over of
+    bc bce ad ce am pm a.m p.m below above under less more than before after ago
+    january february march april may june july august september october november december
+    jan feb mar apr jun jul aug sep sept oct nov dec
+""".split())
 _FORMATTED = re.compile(
     r"(?P<sign>[-+\u2212]?)\s*(?:[$\u20ac\u00a3\u00a5]|usd|eur|gbp)?\s*"
     r"(?P<int>\d{1,3}(?:,\d{3})+|\d+)(?P<frac>\.\d+)?\s*"
     r"(?P<unit>%|[a-z][a-z/.-]*(?:\s+[a-z][a-z/.-]*){0,2})?\s*\.?", re.IGNORECASE)
 
 
+def _a_unit(words: list[str]) -> bool:
+    """Whether the words after a number are a unit to drop: no word of `_NOT_A_UNIT` (plural or not), and not a
+    lone letter ('3x', '5i', '5 m', '5B': a variable, or a scale or metre it cannot tell apart)."""
+    if len(words) == 1 and len(words[0].strip("./-")) == 1:
+        return False
+    stems = {w.lower().strip("./-") for w in words}
+    return not any(w in _NOT_A_UNIT or w.removesuffix("s") in _NOT_A_UNIT for w in stems)
+
+
 def plain_number(action: Action, ctx: ActionContext) -> Action | None:
     """`plain_number`: a final answer that is one number written with thousands separators, a currency sign or
     a unit ('30,000', '$1,200.50', '12 apples', '45%') becomes the plain number ('30000', '1200.50', '12',
-    '45'). Nothing else changes: an answer that is already plain, holds two numbers, a scale word ('1.5
-    million') or words before the number, or a task with a declared answer set."""
+    '45'). Nothing else changes: an answer that is already plain, holds two numbers, words before the number,
+    words after it that change what it means ('1.5 million', '2 thirds', '100 BC', '5 March', '3x'), or a task
+    with a declared answer set."""
     if ctx.choices or not action.is_answer:
         return None
     found = _FORMATTED.fullmatch(action.input.strip())
-    unit = (found.group("unit") or "").split() if found else []
-    if found is None or (unit and unit[0].lower().strip("./-") in _SCALE):
+    if found is None or (found.group("unit") not in (None, "%") and not _a_unit(found.group("unit").split())):
         return None
     sign = "-" if found.group("sign") in ("-", "\u2212") else ""
     plain = sign + found.group("int").replace(",", "") + (found.group("frac") or "")
