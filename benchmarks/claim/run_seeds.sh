@@ -8,6 +8,7 @@
 #   benchmarks/claim/run_seeds.sh SUITE [FIRST]    # nohup setsid ... & to run it in the background
 #   benchmarks/claim/run_seeds.sh SUITE --export   # this machine's finished arms -> benchmarks/results/,
 #                                                  # and every export pooled -> benchmarks/results/SUITE/pooled
+#                                                  # (with the interim projection, compare-summary --project)
 #   benchmarks/claim/run_seeds.sh SUITE --code     # which code the seeds run (below); changes nothing
 #   benchmarks/claim/run_seeds.sh SUITE --status   # per seed: arms exported, finished, and the one running
 # The seeds run the code pinned in benchmarks/claim/experiment.commit, whatever this checkout holds: a worktree
@@ -55,7 +56,7 @@ pool_exports() {  # every machine's exported seeds, under the registration -> $O
   [[ -e "${seeds[0]}" ]] || return 0
   [[ -n "$KINDS" && -f "$KINDS" ]] && groups=(--groups "$KINDS")
   if "$BIN/ecdysis" compare-summary "${seeds[@]}" --registered "$REGISTERED" ${groups[@]+"${groups[@]}"} \
-      --out "$OUT/pooled" > /dev/null 2>&1; then
+      --project --out "$OUT/pooled" > /dev/null 2>&1; then  # --project: on an interim pool, what 8 seeds may decide
     echo "pooled ${#seeds[@]} exports -> $OUT/pooled/summary.md"
   else
     echo "pooling the exports failed: run ecdysis compare-summary $OUT/seed* --registered $REGISTERED" >&2
