@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ROLES, Roles, seed_files, sync_chat, write_seed
+from helpers import seed_files, sync_chat, write_seed
 
 from ecdysis.agent.loop import run_episode
 from ecdysis.agent.trajectory import Trajectory
@@ -23,7 +23,7 @@ from ecdysis.trainer.demos import examples_file
 from ecdysis.trainer.evidence import Confusion, LabelErrors
 from ecdysis.trainer.failures import aggregate, confusion_facts, failure_record
 from ecdysis.trainer.implement import apply_structured
-from ecdysis.trainer.levers import measure_repairs
+from ecdysis.trainer.levers import Measurement, measure_repairs
 from ecdysis.trainer.spec import Change, HarnessSpec
 from ecdysis.workspace import Workspace
 
@@ -101,33 +101,41 @@ def labeller(messages: list[Message]) -> str:
     return "Answer: politics" if "vote" in text else "Answer: music"
 
 
-def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
+def measured_then_live(tmp_path: Path, rows: list[tuple[str, str, str, str]], agent: ScriptedModel, repair: str,
+                       *options: str) -> tuple[list[Task], Measurement, set[str], set[str]]:
+    """A jsonl suite of `rows` (id, prompt, gold, split; graded `exact`, plus `options`) answered by `agent`
+    through the seed harness: its training tasks, the replay measurement of `repair` over the seed's training
+    episodes, and the training tasks the seed passes live, then with `repair` enabled."""
     path = tmp_path / "tasks.jsonl"
-    path.write_text("\n".join(json.dumps({"id": f"t{i}", "prompt": p, "answer": g, "split": s})
-                              for i, (p, g, s) in enumerate(ROWS)))
+    path.write_text("\n".join(json.dumps({"id": i, "prompt": p, "answer": g, "split": s}) for i, p, g, s in rows))
     harness = write_seed(tmp_path / "seed", "jsonl")
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"',
-                             f'env.options.labels={json.dumps(LABELS)}',
-                             'env.options.grader="exact"', f'agent.harness="{harness}"', "run.progress=false",
+    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"', 'env.options.grader="exact"',
+                             *options, f'agent.harness="{harness}"', "run.progress=false",
                              'agent.model="scripted:agent"', f'run.run_dir="{tmp_path / "run"}"',
                              f'cache.path="{tmp_path / "c.sqlite"}"'])
     ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = ScriptedModel(labeller)
-    for role in ROLES:
-        ws.backends[f"{role}|scripted:agent"] = ScriptedModel(Roles(), name="roles")
+    ws.backends["agent|scripted:agent"] = agent
     train = ws.tasks("train", None)
-    assert train[0].public["choices"] == LABELS
     runner = ws.runner(ws.store.start_run("eval", {}, run_id="e"))
     seed = ws.harness()
-    before = asyncio.run(runner.evaluate(seed, train, 1, "train", "before"))
-    measured = asyncio.run(measure_repairs(seed, ws.store.trajectories(before.eval_id), ws.env,
+
+    def passed(candidate: object, label: str) -> tuple[str, set[str]]:
+        done = asyncio.run(runner.evaluate(candidate, train, 1, "train", label))
+        return done.eval_id, {t.task_id for t in ws.store.trajectories(done.eval_id) if t.passed}
+
+    before_id, before = passed(seed, "before")
+    measured = asyncio.run(measure_repairs(seed, ws.store.trajectories(before_id), ws.env,
                                            {t.id: t for t in train}, runner.limits))
-    answer_set = next(m for m in measured if m.repairs == ["answer_set"])
-    candidate = seed.with_files({"repairs.json": '["answer_set"]'})
-    after = asyncio.run(runner.evaluate(candidate, train, 1, "train", "after"))
-    live = {t.task_id for t in ws.store.trajectories(after.eval_id) if t.passed} - {
-        t.task_id for t in ws.store.trajectories(before.eval_id) if t.passed}
-    assert set(answer_set.gained) == live == {"t0", "t4"} and not answer_set.lost  # replay == live
+    _, after = passed(seed.with_files({"repairs.json": json.dumps([repair])}), "after")
+    return train, next(m for m in measured if m.repairs == [repair]), before, after
+
+
+def test_answer_set_constraint_replays_exactly(tmp_path: Path) -> None:
+    rows = [(f"t{i}", p, g, s) for i, (p, g, s) in enumerate(ROWS)]
+    train, answer_set, before, after = measured_then_live(tmp_path, rows, ScriptedModel(labeller), "answer_set",
+                                                          f"env.options.labels={json.dumps(LABELS)}")
+    assert train[0].public["choices"] == LABELS
+    assert set(answer_set.gained) == after - before == {"t0", "t4"} and not answer_set.lost  # replay == live
     assert answer_set.changed == ["t7"]  # rejected with rejections to spare: its next reply is unknown, not a fail
 
 
@@ -141,31 +149,13 @@ AMOUNTS = [("How many bottles in 30 crates of 1000?", "30000", "Answer: 30,000")
 def test_plain_number_is_measured_by_replay_with_its_gains_and_its_losses(tmp_path: Path) -> None:
     """A formatted number ('30,000' for the gold '30000') is a harness-level failure the replay finds: the
     repair gains those tasks, and loses the one whose gold keeps its unit; a live run agrees with the replay."""
-    path = tmp_path / "tasks.jsonl"
-    path.write_text("\n".join(json.dumps({"id": f"n{i}", "prompt": p, "answer": g, "split": "train"})
-                              for i, (p, g, _) in enumerate(AMOUNTS)))
     replies = {p: r for p, _, r in AMOUNTS}
-    harness = write_seed(tmp_path / "seed", "jsonl")
-    cfg = load_config(None, ['env.name="jsonl"', f'env.options.path="{path}"', 'env.options.grader="exact"',
-                             f'agent.harness="{harness}"', "run.progress=false", 'agent.model="scripted:agent"',
-                             f'run.run_dir="{tmp_path / "run"}"', f'cache.path="{tmp_path / "c.sqlite"}"'])
-    ws = Workspace.open(cfg)
-    ws.backends["agent|scripted:agent"] = ScriptedModel(
-        lambda messages: next(r for p, r in replies.items() if any(p in m.content for m in messages)))
-    train = ws.tasks("train", None)
-    runner = ws.runner(ws.store.start_run("eval", {}, run_id="e"))
-    seed = ws.harness()
-    before = asyncio.run(runner.evaluate(seed, train, 1, "train", "before"))
-    measured = asyncio.run(measure_repairs(seed, ws.store.trajectories(before.eval_id), ws.env,
-                                           {t.id: t for t in train}, runner.limits))
-    plain = next(m for m in measured if m.repairs == ["plain_number"])
+    agent = ScriptedModel(lambda messages: next(r for p, r in replies.items() if any(p in m.content for m in messages)))
+    rows = [(f"n{i}", p, g, "train") for i, (p, g, _) in enumerate(AMOUNTS)]
+    _, plain, before, after = measured_then_live(tmp_path, rows, agent, "plain_number")
     assert sorted(plain.gained) == ["n0", "n1"] and plain.lost == ["n2"]
     assert not plain.safe  # a passing task is lost: the library does not enable it blindly
-    after = asyncio.run(runner.evaluate(seed.with_files({"repairs.json": '["plain_number"]'}), train, 1, "train",
-                                        "after"))
-    passed = lambda eval_id: {t.task_id for t in ws.store.trajectories(eval_id) if t.passed}  # noqa: E731
-    assert passed(after.eval_id) - passed(before.eval_id) == set(plain.gained)  # replay == live
-    assert passed(before.eval_id) - passed(after.eval_id) == set(plain.lost)
+    assert after - before == set(plain.gained) and before - after == set(plain.lost)  # replay == live
 
 
 def test_answer_set_maps_or_rejects_with_the_allowed_answers() -> None:
