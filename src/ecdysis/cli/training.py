@@ -144,18 +144,24 @@ def compare_summary(
     project: Annotated[bool, typer.Option(help="With a registration naming its seeds, on an interim pool: how "
                                                "often the registered rules would decide each contrast and factor "
                                                "if the missing seeds looked like the complete ones.")] = False,
+    sensitivity: Annotated[str | None, typer.Option(help="With a target: the time-to-target contrasts again at these "
+                                                     "val targets, e.g. 0.4,0.45,0.5 (post hoc, not the "
+                                                     "decision).")] = None,
 ) -> None:
     """Pool compares of different seeds (one seed per machine or session) into one table, mean ± 95% CI; with a
     pre-registered target (`--target`, or `--registered FILE`), the factorial table (charged time to the target
     censored at the budget, AUC, paired test differences with bootstrap intervals), also written as factorial.json;
     what each training arm's charged time bought (its steps by outcome); with `--groups FILE`, test accuracy per
     task group (e.g. failure kind), also written as groups.json. `--out DIR` writes it all, and summary.md: every
-    table as Markdown. `--project` adds, on an interim pool, what the registered seeds may decide (a guide)."""
+    table as Markdown. `--project` adds, on an interim pool, what the registered seeds may decide (a guide);
+    `--sensitivity T,...` the speed-ups at other val targets (post hoc)."""
     from ..compare.factorial import Registration, factorial_report
     from ..compare.files import pool_results, write_results
     from ..compare.groups import group_report, read_groups
     from ..compare.outcomes import outcome_table
     from ..compare.projection import project as projected
+    from ..compare.sensitivity import parse_targets, sensitivity_dict, sensitivity_table
+    from ..compare.sensitivity import sensitivity as at_targets
     from ..compare.verdict import verdicts
     from ..report.markdown import to_markdown
 
@@ -164,6 +170,7 @@ def compare_summary(
         registration = Registration.read(registered) if registered is not None else None
         plan = Registration.resolve(target, budget_s, registration)
         by_group = group_report(pooled, read_groups(groups), reference) if groups is not None else None
+        targets = parse_targets(sensitivity) if sensitivity is not None else None
     except ValueError as exc:
         fail(str(exc))
         return
@@ -190,8 +197,14 @@ def compare_summary(
             else:
                 shown.append("--project: nothing to project (no registered number of seeds, every registered seed "
                              "complete, or fewer than two complete seeds).")
+        if targets is not None:
+            rows = at_targets(pooled, targets, report.tau, report.registration.target)
+            shown.append(sensitivity_table(rows, report.tau))
+            decided["sensitivity"] = sensitivity_dict(rows)
     elif project:
         shown.append("--project needs a registration (--registered FILE naming its seeds): nothing projected.")
+    if report is None and targets is not None:
+        shown.append("--sensitivity needs a target (--target or --registered FILE): no sensitivity table.")
     if (bought := outcome_table(pooled)) is not None:
         shown.append(bought)
     if by_group is not None:
