@@ -62,7 +62,7 @@ def first_replies(rows: list[dict]) -> Counter[tuple[str, bool]]:
     whether a second, repair call followed."""
     out: Counter[tuple[str, bool]] = Counter()
     starts = [i for i, r in enumerate(rows) if r["check"] == "writer_call" and r["attempt"] == 0]
-    for n, i in enumerate(starts):
+    for i in starts:
         end = next((j for j in range(i + 1, len(rows)) if rows[j]["check"] == "writer_call"), len(rows))
         why = next((f"{r['check']}: {r['why']}" for r in rows[i + 1:end]
                     if r["check"] == "parse" or (r["check"] != "writer_call" and r["why"])), "passed")
