@@ -150,6 +150,56 @@ async def test_invalid_spec_is_repaired_or_rejected(tmp_path: Path) -> None:
     assert "unknown ['P7']" in outcome.transcript[-1]["dropped"][0]
 
 
+WORDY_RULE = {"layer": "H3", "kind": "add_rule", "file": "", "text": "add_rule / add_skill on the cause", "repair": "",
+              "value": 0, "rationale": "copied"}
+
+
+@pytest.mark.parametrize("repair_wording", [False, True])
+async def test_a_spec_refused_only_for_its_wording_is_kept_without_a_repair_call(tmp_path: Path,
+                                                                                 repair_wording: bool) -> None:
+    from ecdysis.config import RolesSection
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    wordy = json.dumps(BOXED_SPEC | {"changes": [*BOXED_SPEC["changes"], WORDY_RULE]})
+    model = MeteredModel(ScriptedModel([wordy, json.dumps(BOXED_SPEC)]), role="moderator")
+    writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"),
+                        model), RolesSection(repair_wording=repair_wording))
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0)
+    assert outcome.spec is not None and [c.kind for c in outcome.spec.changes] == ["enable_repair"]
+    if repair_wording:  # asked again: the second reply is the spec
+        assert len(model.model.calls) == 2 and "harness internals" in model.model.calls[1].messages[-1].content
+        assert "dropped" not in outcome.transcript[-1]
+    else:  # kept at once: the wordy rule dropped, one call
+        assert len(model.model.calls) == 1 and "harness internals" in outcome.transcript[-1]["dropped"][0]
+
+
+async def test_a_spec_refused_for_its_structure_still_gets_its_repair_call(tmp_path: Path) -> None:
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.failures import Pattern
+    from ecdysis.trainer.spec import SpecError, parse_spec
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    both = json.dumps(BOXED_SPEC | {"patterns_addressed": ["P7"], "changes": [*BOXED_SPEC["changes"], WORDY_RULE]})
+    with pytest.raises(SpecError) as refused:
+        parse_spec(both, seed_with("gsm8k"), {"P1"})
+    assert not refused.value.wording_only and "harness internals" in str(refused.value)
+    model = MeteredModel(ScriptedModel([both, "{not json"]), role="moderator")
+    writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"),
+                        model))
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0)
+    assert len(model.model.calls) == 2  # an unknown pattern is not wording: the repair call is made
+    assert outcome.spec is None and outcome.error.startswith("spec rejected after repair")
+    only_wordy = json.dumps(BOXED_SPEC | {"changes": [WORDY_RULE]})
+    model = MeteredModel(ScriptedModel([only_wordy]), role="moderator")
+    writer = SpecWriter(RunStore(tmp_path / "run2"), "run", dict.fromkeys(("analyst", "critic", "engineer",
+                        "moderator"), model))
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0)
+    assert len(model.model.calls) == 1 and outcome.spec is None  # nothing valid to keep, no library lever measured
+    assert outcome.error.startswith("spec rejected (its wording; no repair asked)")
+
+
 async def test_a_repair_the_harness_already_has_cannot_be_the_spec(tmp_path: Path) -> None:
     """Seed 1 of the designed suite: 60 of `aggregate`'s rounds were spent on enable_repair of a repair the
     harness had. The writer's grammar no longer offers it, and a spec that names it anyway is sent back."""

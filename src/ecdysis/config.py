@@ -145,6 +145,9 @@ class RolesSection(BaseModel):
     temperature: Temperature = 0.2
     max_tokens: Positive = 220  # debate turns
     spec_max_tokens: Positive = 900  # the Moderator's (or single analyst's) JSON spec
+    # a spec refused only for the wording of a rule or tip gets a repair call (false: its valid changes are kept
+    # at once; the 1.5B writers' repairs failed the same check in 141 of 147 such rounds, docs/claim.md)
+    repair_wording: bool = False
 
 
 class TrainBudget(BaseModel):

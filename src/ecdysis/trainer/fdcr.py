@@ -253,7 +253,10 @@ class SpecWriter:
         `earlier` describes specs tried in earlier rounds and why they were rejected. A repair whose spec
         `tried` says rebuilds a harness the run already rejected is not offered. (Sending such specs back was
         measured and dropped: on designed seed 2 the 1.5B writer returned the same spec 13 times of 13, at one
-        more call a round; docs/claim.md.)
+        more call a round; docs/claim.md.) A reply refused only for the wording of its rules or tips gets no
+        repair call unless `roles.repair_wording`: its valid changes are kept (`salvage_spec`), else the library's
+        measured spec, else none (replayed on the designed suite, the 1.5B writers' repairs failed the same
+        wording check in 141 of 147 rounds, a writer call each).
         """
         tried = tried or (lambda spec: False)
         transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
@@ -302,6 +305,8 @@ class SpecWriter:
                 error = str(exc)
                 if finish == "length":
                     error = "the JSON was cut off at the length limit; write fewer, shorter strings. " + error
+                if exc.wording_only and not self.settings.repair_wording:
+                    break  # no repair call (`roles.repair_wording`): keep the reply's valid changes, below
                 history = [*history, Message(role="user", content=prompt), Message(role="assistant", content=text)]
                 prompt = render("repair_spec", error=error)
                 continue
@@ -328,4 +333,5 @@ class SpecWriter:
                                         "usable spec")
         transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error})
         self._checkpoint(key, transcript)
-        return DebateOutcome(None, transcript, error=f"spec rejected after repair: {error}", raw=raw)
+        after = "after repair" if len(raw) > 1 else "(its wording; no repair asked)"
+        return DebateOutcome(None, transcript, error=f"spec rejected {after}: {error}", raw=raw)

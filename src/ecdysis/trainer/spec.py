@@ -48,7 +48,12 @@ class HarnessSpec(BaseModel):
 
 
 class SpecError(ValueError):
-    pass
+    """Why a spec was refused. `wording_only`: every problem is the wording of a rule or tip the agent would read
+    (`agent_text_problem`); the spec's structure is sound, so dropping those changes can leave a usable spec."""
+
+    def __init__(self, message: str, wording_only: bool = False) -> None:
+        super().__init__(message)
+        self.wording_only = wording_only
 
 
 def max_items(name: str) -> int:
@@ -172,6 +177,7 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
     except ValidationError as exc:
         raise SpecError(f"the spec does not match the schema: {schema_problems(exc)}") from exc
     problems: list[str] = []
+    wording: list[str] = []  # problems of the agent-facing text alone
     unknown = [p for p in spec.patterns_addressed if p not in pattern_ids]
     if unknown:
         problems.append(f"patterns_addressed names unknown patterns {unknown}; known: {sorted(pattern_ids)}")
@@ -180,12 +186,12 @@ def parse_spec(text: str, harness: HarnessVersion, pattern_ids: set[str]) -> Har
         lever = LEVERS[c.kind]
         problems += [f"{where}: {problem}" for problem in lever.problems(c, harness)]
         if lever.agent_text and (why := agent_text_problem(c.text)):
-            problems.append(f"{where}: the text {why}")
+            wording.append(f"{where}: the text {why}")
     for i, skill in enumerate(spec.skills):
         if why := agent_text_problem(skill.tip):
-            problems.append(f"skills[{i}]: the tip {why}")
-    if problems:
-        raise SpecError("; ".join(problems))
+            wording.append(f"skills[{i}]: the tip {why}")
+    if problems or wording:
+        raise SpecError("; ".join(problems + wording), wording_only=not problems)
     return spec
 
 
