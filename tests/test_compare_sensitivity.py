@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ecdysis.compare.results import ArmResult
-from ecdysis.compare.sensitivity import contrasts, parse_targets, sensitivity
+from ecdysis.compare.sensitivity import at_targets, contrasts, parse_targets
 from ecdysis.trainer.records import CurvePoint
 
 TAU = 1000.0
@@ -36,7 +36,7 @@ def two_seeds() -> list[ArmResult]:
 
 
 def test_each_target_has_its_own_censored_speed_up_and_reach() -> None:
-    rows = {r.target: r for r in sensitivity(two_seeds(), [0.4, 0.6], TAU, reps=200)}
+    rows = {r.target: r for r in at_targets(two_seeds(), [0.4, 0.6], TAU, reps=200)}
     low, high = rows[0.4], rows[0.6]
     assert low.reached == {"serial": (0, 2), "serial+library": (2, 2), "aggregate": (2, 2)}
     assert low.speedups["aggregate vs serial+library"].value == pytest.approx(400 / 100)
@@ -47,16 +47,30 @@ def test_each_target_has_its_own_censored_speed_up_and_reach() -> None:
 
 
 def test_a_target_no_arm_reaches_censors_every_arm_and_shows_no_speed_up() -> None:
-    (row,) = sensitivity(two_seeds(), [0.9], TAU, reps=200)
+    (row,) = at_targets(two_seeds(), [0.9], TAU, reps=200)
     assert all(reached == 0 for reached, _ in row.reached.values())
     assert all(e is not None and e.value == pytest.approx(1.0) for e in row.speedups.values())
 
 
 def test_the_registered_target_is_marked_and_added_when_missing() -> None:
-    rows = sensitivity(two_seeds(), [0.4], TAU, registered=0.6, reps=50)
+    rows = at_targets(two_seeds(), [0.4], TAU, registered=0.6, reps=50)
     assert [(r.target, r.registered) for r in rows] == [(0.4, False), (0.6, True)]
-    rows = sensitivity(two_seeds(), [0.6, 0.4], TAU, registered=0.6, reps=50)
+    rows = at_targets(two_seeds(), [0.6, 0.4], TAU, registered=0.6, reps=50)
     assert [(r.target, r.registered) for r in rows] == [(0.6, True), (0.4, False)]
+
+
+def test_the_registered_row_is_the_factorial_tables_speed_ups() -> None:
+    from ecdysis.compare.factorial import factor_rows, factorial
+
+    results = two_seeds()
+    results[1] = arm("serial+library", 0, [(300.0, 0.6)])  # the seeds now differ, so the intervals are not points
+    (row,) = at_targets(results, [], TAU, registered=0.6, reps=300)
+    table, tau, _ = factorial(results, 0.6, TAU, reps=300)
+    agg = next(r for r in table if r.arm == "aggregate")
+    for ref in ("serial", "serial+library"):
+        assert row.speedups[f"aggregate vs {ref}"] == agg.speedup_vs[ref]
+    library = next(f for f in factor_rows(results, 0.6, tau, reps=300) if f.factor == "library")
+    assert row.speedups["serial+library vs serial"] == library.speedup
 
 
 def test_contrasts_are_the_claims_then_the_factors_among_the_arms_that_ran() -> None:

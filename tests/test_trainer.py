@@ -154,20 +154,25 @@ WORDY_RULE = {"layer": "H3", "kind": "add_rule", "file": "", "text": "add_rule /
               "value": 0, "rationale": "copied"}
 
 
-@pytest.mark.parametrize("repair_wording", [False, True])
-async def test_a_spec_refused_only_for_its_wording_is_kept_without_a_repair_call(tmp_path: Path,
-                                                                                 repair_wording: bool) -> None:
+WORDY_SKILL = {"id": "s1", "trigger": "answer", "tip": "The agent should let the parser find the number."}
+
+
+@pytest.mark.parametrize("repair_wording, where", [(False, "rule"), (True, "rule"), (False, "skill")])
+async def test_a_spec_refused_only_for_its_wording_is_kept_without_a_repair_call(tmp_path: Path, repair_wording: bool,
+                                                                                 where: str) -> None:
     from ecdysis.config import RolesSection
     from ecdysis.store import RunStore
     from ecdysis.trainer.failures import Pattern
 
     pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
-    wordy = json.dumps(BOXED_SPEC | {"changes": [*BOXED_SPEC["changes"], WORDY_RULE]})
+    wordy = json.dumps(BOXED_SPEC | ({"changes": [*BOXED_SPEC["changes"], WORDY_RULE]} if where == "rule"
+                                     else {"skills": [WORDY_SKILL]}))
     model = MeteredModel(ScriptedModel([wordy, json.dumps(BOXED_SPEC)]), role="moderator")
     writer = SpecWriter(RunStore(tmp_path / "run"), "run", dict.fromkeys(("analyst", "critic", "engineer", "moderator"),
                         model), RolesSection(repair_wording=repair_wording))
     outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0)
     assert outcome.spec is not None and [c.kind for c in outcome.spec.changes] == ["enable_repair"]
+    assert outcome.spec.skills == []
     if repair_wording:  # asked again: the second reply is the spec
         assert len(model.model.calls) == 2 and "harness internals" in model.model.calls[1].messages[-1].content
         assert "dropped" not in outcome.transcript[-1]

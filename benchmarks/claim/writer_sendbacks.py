@@ -1,6 +1,8 @@
 """Why the spec writer's first reply was sent back, round by round: replays a compare arm with the writer's checks
-logged, then counts each round's first-reply outcome. Nothing the run decides changes (the checks are wrapped,
-not altered), so on a finished arm's cache the replay makes no model call and reproduces its numbers.
+logged (LOG is rewritten), then counts each round's first-reply outcome and whether the repair reply passed the
+parse. Nothing the run decides changes (the checks are wrapped, not altered), so on the code and cache the arm
+ran with, the replay makes no model call and reproduces its numbers; on other code (main's writer prompts and
+grammar differ from the pinned experiment's) its requests miss the cache and the model is called.
 
     # on the experiment's pinned code (a copy of its src/), from the shared response cache, into a scratch dir:
     git archive $(cat benchmarks/claim/experiment.commit) src | tar -x -C /tmp/pinned
@@ -23,7 +25,7 @@ def instrument(log_path: Path) -> None:
     """Wrap the writer's spec call and its three checks so each appends one JSON line to `log_path`."""
     import ecdysis.trainer.fdcr as fdcr
 
-    log = log_path.open("a")
+    log = log_path.open("w")
 
     def note(**row: object) -> None:
         log.write(json.dumps(row) + "\n")
@@ -57,17 +59,23 @@ def instrument(log_path: Path) -> None:
     fdcr.SpecWriter._say = spec_call
 
 
-def first_replies(rows: list[dict]) -> Counter[tuple[str, bool]]:
-    """Per round (a first spec call): what the first reply met (the first failing check, or `passed`) and
-    whether a second, repair call followed."""
-    out: Counter[tuple[str, bool]] = Counter()
-    starts = [i for i, r in enumerate(rows) if r["check"] == "writer_call" and r["attempt"] == 0]
-    for i in starts:
-        end = next((j for j in range(i + 1, len(rows)) if rows[j]["check"] == "writer_call"), len(rows))
-        why = next((f"{r['check']}: {r['why']}" for r in rows[i + 1:end]
-                    if r["check"] == "parse" or (r["check"] != "writer_call" and r["why"])), "passed")
+def first_replies(rows: list[dict]) -> Counter[tuple[str, str]]:
+    """Per round (a first spec call): what the first reply met (the first failing check, or `passed`), and what
+    followed: `no repair call`, or the repair reply's parse (`repair passed` / `repair failed`; a repair reply
+    is only parsed, the other checks are the first reply's)."""
+    out: Counter[tuple[str, str]] = Counter()
+    calls = [i for i, r in enumerate(rows) if r["check"] == "writer_call"] + [len(rows)]
+    for n, i in enumerate(calls[:-1]):
+        if rows[i]["attempt"] != 0:
+            continue
+        why = next((f"{r['check']}: {r['why']}" for r in rows[i + 1:calls[n + 1]]
+                    if r["check"] == "parse" or r["why"]), "passed")
         why = re.sub(r"\(([^()]*)\)", "(...)", why)[:90]
-        out[(why, end < len(rows) and rows[end].get("attempt") == 1)] += 1
+        then = "no repair call"
+        if calls[n + 1] < len(rows) and rows[calls[n + 1]]["attempt"] == 1:
+            failed = any(r["check"] == "parse" for r in rows[calls[n + 1] + 1:calls[n + 2]])
+            then = "repair failed" if failed else "repair passed"
+        out[(why, then)] += 1
     return out
 
 
@@ -85,9 +93,10 @@ def main(argv: list[str]) -> None:
             if done.code:
                 raise
     rounds = first_replies([json.loads(line) for line in log.read_text().splitlines() if line.strip()])
-    print(f"{sum(rounds.values())} rounds; {sum(v for (_, again), v in rounds.items() if again)} paid a repair call")
-    for (why, again), count in rounds.most_common():
-        print(f"{count:4d}  {'repair call' if again else 'no repair  '}  {why}")
+    repaired = sum(v for (_, then), v in rounds.items() if then != "no repair call")
+    print(f"{sum(rounds.values())} rounds; {repaired} paid a repair call")
+    for (why, then), count in rounds.most_common():
+        print(f"{count:4d}  {then:14s}  {why}")
 
 
 if __name__ == "__main__":

@@ -160,8 +160,7 @@ def compare_summary(
     from ..compare.groups import group_report, read_groups
     from ..compare.outcomes import outcome_table
     from ..compare.projection import project as projected
-    from ..compare.sensitivity import parse_targets, sensitivity_dict, sensitivity_table
-    from ..compare.sensitivity import sensitivity as at_targets
+    from ..compare.sensitivity import at_targets, parse_targets, sensitivity_dict, sensitivity_table
     from ..compare.verdict import verdicts
     from ..report.markdown import to_markdown
 

@@ -38,7 +38,7 @@ class SensitivityRow:
     speedups: dict[str, Estimate | None]
 
 
-def sensitivity(results: list[ArmResult], targets: list[float], tau: float, registered: float | None = None,
+def at_targets(results: list[ArmResult], targets: list[float], tau: float, registered: float | None = None,
                 reps: int = 2000, seed: int = 0) -> list[SensitivityRow]:
     """One row per target, in the order given (the registered target is added when it is missing)."""
     by_arm = {arm: {s: r for s, r in runs.items() if r.curve} for arm, runs in by_arm_and_seed(results).items()}
