@@ -641,3 +641,41 @@ async def test_a_run_killed_inside_a_step_after_the_budget_ran_out_resumes_as_it
     _, resumed = await run("killed", budget)
     assert [(r.accepted, r.reason) for r in resumed.rounds] == [(r.accepted, r.reason) for r in straight.rounds]
     assert resumed.final_harness_id == straight.final_harness_id
+
+
+MEASURED = {"lever": "enable_repair answer_phrase", "repairs": ["answer_phrase"], "gained": 2, "lost": 0,
+            "rescued_replies": 2, "changed_failing": 0, "changed_passing": 0, "model_calls": 0}
+RULE_ONLY = {"patterns_addressed": ["P1"], "changes": [{"layer": "H3", "kind": "add_rule", "file": "",
+             "text": "Put the final answer on its own line.", "repair": "", "value": 0, "rationale": "format"}],
+             "skills": [], "implementation_notes": "", "expected_effect": ""}
+
+
+@pytest.mark.parametrize("policy", ["LIBRARY", "PUBLISHED"])
+async def test_the_writer_gives_the_librarys_levers_and_fallback_only_to_methods_whose_policy_takes_them(
+        tmp_path: Path, policy: str) -> None:
+    from ecdysis.store import RunStore
+    from ecdysis.trainer import candidates
+    from ecdysis.trainer.failures import Pattern
+
+    library = getattr(candidates, policy)
+    pattern = Pattern(id="P1", name="x", signatures=["s"], tasks=["a", "b"], support=2, layer="H2",
+                      classification="recurring", reason="r", facts={"measured_levers": [MEASURED]}, levers=[])
+    roles = ("analyst", "critic", "engineer", "moderator")
+    # a spec that leaves the verified lever out without a word about P1's lever
+    model = MeteredModel(ScriptedModel([json.dumps(RULE_ONLY), json.dumps(RULE_ONLY)]), role="analyst")
+    writer = SpecWriter(RunStore(tmp_path / "a"), "run", dict.fromkeys(roles, model), library=library)
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, debate=False)
+    assert outcome.spec is not None
+    repairs = [c.repair for c in outcome.spec.changes if c.kind == "enable_repair"]
+    if policy == "LIBRARY":  # sent back once, then the library adds the lever
+        assert len(model.model.calls) == 2 and repairs == ["answer_phrase"]
+    else:  # as published: the roles' spec as written, one call
+        assert len(model.model.calls) == 1 and repairs == []
+    # no usable spec at all: the library's measured spec stands in, or nothing does
+    model = MeteredModel(ScriptedModel(["{not json", "{still not json"]), role="analyst")
+    writer = SpecWriter(RunStore(tmp_path / "b"), "run", dict.fromkeys(roles, model), library=library)
+    outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, debate=False)
+    if policy == "LIBRARY":
+        assert outcome.spec is not None and outcome.source.startswith("library")
+    else:
+        assert outcome.spec is None and outcome.error.startswith("spec rejected after repair")

@@ -80,7 +80,8 @@ class Engine(TrainContext):
         val = self.val_tasks or (self.ws.tasks("val", t.val_limit) if t.accept_on == "train" else [])
         self.evaluator = Evaluator(self.store, run_id, self.runner, {"train": self.train_tasks, "val": val},
                                    t.train_trials, batches, self.budget, self.spend)
-        writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles, spent=self.evaluator.spent)
+        writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles, spent=self.evaluator.spent,
+                            library=self.method.candidates)
         self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history, self.no_new_try)
 
     # accounting -------------------------------------------------------------------------------------------

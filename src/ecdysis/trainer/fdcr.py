@@ -21,6 +21,7 @@ from ..harness.repairs import REPAIRS_FILE, enabled_names
 from ..models.base import ChatRequest, GenerationParams, Message
 from ..models.cache import MeteredModel
 from ..store.db import RunStore
+from .candidates import LIBRARY, CandidatePolicy
 from .evidence import Pattern
 from .lever_catalog import levers_text
 from .levers import enabled_repairs
@@ -231,6 +232,9 @@ class SpecWriter:
     roles: dict[str, MeteredModel]
     settings: RolesSection = field(default_factory=RolesSection)
     spent: Callable[[], str | None] = unlimited
+    # the method's candidate policy: without `measured_lever` no verified lever is added to (or asked of) a spec,
+    # without `fallback` no library spec stands in when the roles write none (`serial` as published gets neither)
+    library: CandidatePolicy = LIBRARY
 
     async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
                    history: list[Message] | None = None) -> tuple[str, str]:
@@ -242,6 +246,10 @@ class SpecWriter:
         check_budget(self.spent, lambda key: self.store.paid_role_call(self.run_id, key), model, request)
         response = await model.chat(request)
         return response.text, response.finish_reason
+
+    def _with_levers(self, spec: HarnessSpec, patterns: list[Pattern]) -> tuple[HarnessSpec, list[str]]:
+        """`with_verified_levers` when the method's policy takes the library's measured levers, else the spec."""
+        return with_verified_levers(spec, patterns) if self.library.measured_lever else (spec, [])
 
     def _checkpoint(self, key: str, transcript: list[dict[str, Any]]) -> None:
         self.store.put_record(self.run_id, "transcript", key, transcript)
@@ -298,8 +306,8 @@ class SpecWriter:
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
-                if attempt == 0 and (ignored := ignored_verified_lever(spec, patterns) or
-                                     repairs_without_gain(spec, patterns)):
+                if attempt == 0 and (ignored := self.library.measured_lever and ignored_verified_lever(spec, patterns)
+                                     or repairs_without_gain(spec, patterns)):
                     raise SpecError(ignored)
             except SpecError as exc:
                 error = str(exc)
@@ -310,21 +318,21 @@ class SpecWriter:
                 history = [*history, Message(role="user", content=prompt), Message(role="assistant", content=text)]
                 prompt = render("repair_spec", error=error)
                 continue
-            spec, added = with_verified_levers(spec, patterns)
+            spec, added = self._with_levers(spec, patterns)
             transcript.append({"pass": passes, "role": writer, "text": text, **({"added": added} if added else {})})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         salvaged = salvage_spec(raw[-1], harness, ids)
         if salvaged is not None:
             spec, dropped = salvaged
-            spec, added = with_verified_levers(spec, patterns)
+            spec, added = self._with_levers(spec, patterns)
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped,
                                **({"added": added} if added else {})})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
-        library = library_spec(patterns)
+        library = library_spec(patterns) if self.library.fallback else None
         if library is not None:  # the roles wrote no usable spec, but the evidence measured a fix
-            spec, added = with_verified_levers(library, patterns)
+            spec, added = self._with_levers(library, patterns)
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error,
                                "library_spec": added})
             self._checkpoint(key, transcript)
