@@ -663,7 +663,7 @@ async def test_the_writer_gives_the_librarys_levers_and_fallback_only_to_methods
     roles = ("analyst", "critic", "engineer", "moderator")
     # a spec that leaves the verified lever out without a word about P1's lever
     model = MeteredModel(ScriptedModel([json.dumps(RULE_ONLY), json.dumps(RULE_ONLY)]), role="analyst")
-    writer = SpecWriter(RunStore(tmp_path / "a"), "run", dict.fromkeys(roles, model), library=library)
+    writer = SpecWriter(RunStore(tmp_path / "a"), "run", dict.fromkeys(roles, model), policy=library)
     outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, debate=False)
     assert outcome.spec is not None
     repairs = [c.repair for c in outcome.spec.changes if c.kind == "enable_repair"]
@@ -673,7 +673,7 @@ async def test_the_writer_gives_the_librarys_levers_and_fallback_only_to_methods
         assert len(model.model.calls) == 1 and repairs == []
     # no usable spec at all: the library's measured spec stands in, or nothing does
     model = MeteredModel(ScriptedModel(["{not json", "{still not json"]), role="analyst")
-    writer = SpecWriter(RunStore(tmp_path / "b"), "run", dict.fromkeys(roles, model), library=library)
+    writer = SpecWriter(RunStore(tmp_path / "b"), "run", dict.fromkeys(roles, model), policy=library)
     outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0, debate=False)
     if policy == "LIBRARY":
         assert outcome.spec is not None and outcome.source.startswith("library")

@@ -10,6 +10,10 @@
 - `variants`: validate the library's variants (e.g. a measured lever alone) next to the spec; else only
   variants made of the spec's own changes (its repairs alone).
 - `fallback`: try the library's own specs when the roles give nothing that runs, a rejected harness or a no-op.
+
+The spec writer (`fdcr.SpecWriter.policy`) follows the same policy: without `measured_lever` it neither sends a
+spec back for leaving out a verified lever nor adds that lever; without `fallback` no library spec stands in when
+the roles write no usable spec.
 """
 
 from __future__ import annotations

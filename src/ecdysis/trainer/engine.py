@@ -81,7 +81,7 @@ class Engine(TrainContext):
         self.evaluator = Evaluator(self.store, run_id, self.runner, {"train": self.train_tasks, "val": val},
                                    t.train_trials, batches, self.budget, self.spend)
         writer = SpecWriter(self.store, run_id, self.roles, self.cfg.roles, spent=self.evaluator.spent,
-                            library=self.method.candidates)
+                            policy=self.method.candidates)
         self.proposer_context = ProposerContext(writer, self.cfg, self.train_tasks, self.history, self.no_new_try)
 
     # accounting -------------------------------------------------------------------------------------------

@@ -232,9 +232,10 @@ class SpecWriter:
     roles: dict[str, MeteredModel]
     settings: RolesSection = field(default_factory=RolesSection)
     spent: Callable[[], str | None] = unlimited
-    # the method's candidate policy: without `measured_lever` no verified lever is added to (or asked of) a spec,
-    # without `fallback` no library spec stands in when the roles write none (`serial` as published gets neither)
-    library: CandidatePolicy = LIBRARY
+    # the method's candidate policy: without `measured_lever` no verified lever is added to a spec and no spec is
+    # sent back for leaving one out; without `fallback` no library spec stands in when the roles write none
+    # (`serial` as published gets neither)
+    policy: CandidatePolicy = LIBRARY
 
     async def _say(self, role: str, prompt: str, schema: dict[str, Any] | None = None,
                    history: list[Message] | None = None) -> tuple[str, str]:
@@ -249,7 +250,7 @@ class SpecWriter:
 
     def _with_levers(self, spec: HarnessSpec, patterns: list[Pattern]) -> tuple[HarnessSpec, list[str]]:
         """`with_verified_levers` when the method's policy takes the library's measured levers, else the spec."""
-        return with_verified_levers(spec, patterns) if self.library.measured_lever else (spec, [])
+        return with_verified_levers(spec, patterns) if self.policy.measured_lever else (spec, [])
 
     def _checkpoint(self, key: str, transcript: list[dict[str, Any]]) -> None:
         self.store.put_record(self.run_id, "transcript", key, transcript)
@@ -263,8 +264,8 @@ class SpecWriter:
         measured and dropped: on designed seed 2 the 1.5B writer returned the same spec 13 times of 13, at one
         more call a round; docs/claim.md.) A reply refused only for the wording of its rules or tips gets no
         repair call unless `roles.repair_wording`: its valid changes are kept (`salvage_spec`), else the library's
-        measured spec, else none (replayed on the designed suite, the 1.5B writers' repairs failed the same
-        wording check in 141 of 147 rounds, a writer call each).
+        measured spec (when the policy's `fallback`), else none (replayed on the designed suite, the 1.5B
+        writers' repairs failed the same wording check in 141 of 147 rounds, a writer call each).
         """
         tried = tried or (lambda spec: False)
         transcript: list[dict[str, Any]] = self.store.get_record(self.run_id, "transcript", key) or []
@@ -306,7 +307,7 @@ class SpecWriter:
             raw.append(text)
             try:
                 spec = parse_spec(text, harness, ids)
-                if attempt == 0 and (ignored := self.library.measured_lever and ignored_verified_lever(spec, patterns)
+                if attempt == 0 and (ignored := self.policy.measured_lever and ignored_verified_lever(spec, patterns)
                                      or repairs_without_gain(spec, patterns)):
                     raise SpecError(ignored)
             except SpecError as exc:
@@ -330,7 +331,7 @@ class SpecWriter:
                                **({"added": added} if added else {})})
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
-        library = library_spec(patterns) if self.library.fallback else None
+        library = library_spec(patterns) if self.policy.fallback else None
         if library is not None:  # the roles wrote no usable spec, but the evidence measured a fix
             spec, added = self._with_levers(library, patterns)
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "error": error,
