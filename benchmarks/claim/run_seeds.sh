@@ -28,10 +28,11 @@ SUITE="${1:?usage: run_seeds.sh designed|gsm8k|dbbench [FIRST | --export | --cod
 case "$SUITE" in
   designed) CONFIG="$ROOT/benchmarks/designed/compare.toml"; LAST=7; RUNS="$ROOT/runs/designed-compare"
     OUT="$ROOT/benchmarks/results/designed"; DATA=()  # the suite file is named by the config
-    REGISTERED="$ROOT/benchmarks/designed/registered.toml"; KINDS="$ROOT/runs/designed.kinds.json" ;;
+    REGISTERED="$ROOT/benchmarks/designed/registered.toml"; KINDS="$ROOT/runs/designed.kinds.json"
+    SENSITIVITY=0.35,0.4,0.45,0.5 ;;  # post hoc targets for the pooled export (docs/claim.md)
   gsm8k|dbbench) CONFIG="$ROOT/benchmarks/claim/$SUITE.toml"; LAST=2; RUNS="$ROOT/runs/claim-$SUITE"
     OUT="$ROOT/benchmarks/results/claim-$SUITE"; DATA=(--data-dir "${DATA_DIR:-$(cd "$ROOT/.." && pwd)/shared/data}")
-    REGISTERED="$ROOT/benchmarks/claim/$SUITE.registered.toml"; KINDS="" ;;
+    REGISTERED="$ROOT/benchmarks/claim/$SUITE.registered.toml"; KINDS=""; SENSITIVITY="" ;;
   *) echo "error: unknown suite '$SUITE'; one of designed, gsm8k, dbbench" >&2; exit 2 ;;
 esac
 ARMS=(fixed serial serial+library aggregate ecdysis)
@@ -52,10 +53,11 @@ export_seed() {  # the finished arms of one seed's run directory (its store, whi
 }
 
 pool_exports() {  # every machine's exported seeds, under the registration -> $OUT/pooled (summary.md: the tables)
-  local seeds=("$OUT"/seed[0-9]*) groups=()
+  local seeds=("$OUT"/seed[0-9]*) extra=()
   [[ -e "${seeds[0]}" ]] || return 0
-  [[ -n "$KINDS" && -f "$KINDS" ]] && groups=(--groups "$KINDS")
-  if "$BIN/ecdysis" compare-summary "${seeds[@]}" --registered "$REGISTERED" ${groups[@]+"${groups[@]}"} \
+  [[ -n "$KINDS" && -f "$KINDS" ]] && extra=(--groups "$KINDS")
+  [[ -n "$SENSITIVITY" ]] && extra+=(--sensitivity "$SENSITIVITY")
+  if "$BIN/ecdysis" compare-summary "${seeds[@]}" --registered "$REGISTERED" ${extra[@]+"${extra[@]}"} \
       --project --out "$OUT/pooled" > /dev/null 2>&1; then  # --project: on an interim pool, what 8 seeds may decide
     echo "pooled ${#seeds[@]} exports -> $OUT/pooled/summary.md"
   else
