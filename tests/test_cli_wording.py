@@ -70,7 +70,10 @@ def table_rows(text: str) -> list[list[str]]:
 
 def test_compare_takes_the_models_as_flags_and_shows_only_meaningful_rows(tmp_path: Path) -> None:
     config = sevens(tmp_path)
-    roles = "scripted:no spec here"
+    # serial, as published, gets no library spec: its roles write the fix themselves (ecdysis takes the measured lever)
+    roles = "scripted:" + json.dumps({**CAREFUL_RULE, "changes": [{
+        "layer": "H2", "kind": "enable_repair", "file": "", "text": "", "repair": "answer_phrase", "value": 0,
+        "rationale": "the replies say 'the answer is'"}]})
     out = ecdysis("compare", "-c", str(config), "--arms", "fixed,serial,ecdysis", "--model", SEVEN,
                   "--roles-model", roles, "--run-dir", "cmp", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
