@@ -205,6 +205,32 @@ async def test_a_spec_refused_for_its_structure_still_gets_its_repair_call(tmp_p
     assert outcome.error.startswith("spec rejected (its wording; no repair asked)")
 
 
+async def test_a_salvaged_spec_keeps_no_repair_whose_replay_gained_nothing(tmp_path: Path) -> None:
+    """A writer that ignores the JSON grammar names a gainless repair beside a wordy rule: the wording refusal
+    keeps the reply's valid changes, but not the repair `repairs_without_gain` would have sent back."""
+    from ecdysis.store import RunStore
+    from ecdysis.trainer.evidence import LeverEffect
+    from ecdysis.trainer.failures import Pattern
+
+    pattern = Pattern("P1", "boxed", ["s"], ["a", "b"], 2, "H2", "recurring", "r", {}, ["repair:boxed_answer"])
+    pattern.measured = [LeverEffect(lever="enable_repair last_line", gained=2, lost=1)]  # not verified: no lever added
+    rule = {"layer": "H3", "kind": "add_rule", "text": "End with the line 'Answer: <number>'.", "repair": "",
+            "rationale": "r"}
+    for n, changes in enumerate(([*BOXED_SPEC["changes"], rule, WORDY_RULE], [*BOXED_SPEC["changes"], WORDY_RULE])):
+        model = MeteredModel(ScriptedModel([json.dumps(BOXED_SPEC | {"changes": changes})]), role="moderator")
+        writer = SpecWriter(RunStore(tmp_path / f"run{n}"), "run", dict.fromkeys(("analyst", "critic", "engineer",
+                                                                                  "moderator"), model))
+        outcome = await writer.write("k", seed_with("gsm8k"), [pattern], passes=0)
+        assert len(model.model.calls) == 1
+        if n == 0:  # the rule is kept; the wordy rule and the gainless repair are dropped, each with its reason
+            assert outcome.spec is not None and [c.kind for c in outcome.spec.changes] == ["add_rule"]
+            dropped = outcome.transcript[-1]["dropped"]
+            assert any("harness internals" in d for d in dropped)
+            assert "enable_repair boxed_answer: replayed on the stored replies, it gains no task" in dropped[-1]
+        else:  # nothing valid is left: no spec (no verified lever, so no library spec either)
+            assert outcome.spec is None and outcome.error.startswith("spec rejected (its wording; no repair asked)")
+
+
 async def test_a_repair_the_harness_already_has_cannot_be_the_spec(tmp_path: Path) -> None:
     """Seed 1 of the designed suite: 60 of `aggregate`'s rounds were spent on enable_repair of a repair the
     harness had. The writer's grammar no longer offers it, and a spec that names it anyway is sent back."""

@@ -131,17 +131,24 @@ def ignored_verified_lever(spec: HarnessSpec, patterns: list[Pattern]) -> str | 
     return None
 
 
+REPLAY_NO_GAIN = "replayed on the stored replies, it gains no task of any pattern"
+
+
+def gainless_repairs(spec: HarnessSpec, patterns: list[Pattern]) -> list[Change]:
+    """The spec's enable_repair changes whose replay gained nothing for any pattern ([] if nothing was measured)."""
+    useful = measured_repairs(patterns)
+    return [] if useful is None else [c for c in spec.changes if c.kind == "enable_repair"
+                                      and not set(c.repair.split("+")) <= useful]
+
+
 def repairs_without_gain(spec: HarnessSpec, patterns: list[Pattern]) -> str | None:
     """The reason to send a spec back once: it enables a repair whose replay gained nothing for any pattern."""
-    useful = measured_repairs(patterns)
-    if useful is None:
-        return None  # nothing was measured (e.g. replay unavailable)
-    useless = [c.repair for c in spec.changes if c.kind == "enable_repair"
-               and any(n not in useful for n in c.repair.split("+"))]
+    useless = gainless_repairs(spec, patterns)
     if not useless:
         return None
-    return (f"enable_repair {', '.join(useless)}: replayed on the stored replies, it gains no task of any pattern; "
-            "drop it" + (f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""))
+    useful = measured_repairs(patterns) or set()
+    with_gains = f" (measured levers with gains: {', '.join(sorted(useful))})" if useful else ""
+    return f"enable_repair {', '.join(c.repair for c in useless)}: {REPLAY_NO_GAIN}; drop it{with_gains}"
 
 
 def measured_repairs(patterns: list[Pattern]) -> set[str] | None:
@@ -263,7 +270,8 @@ class SpecWriter:
         `tried` says rebuilds a harness the run already rejected is not offered. (Sending such specs back was
         measured and dropped: on designed seed 2 the 1.5B writer returned the same spec 13 times of 13, at one
         more call a round; docs/claim.md.) A reply refused only for the wording of its rules or tips gets no
-        repair call unless `roles.repair_wording`: its valid changes are kept (`salvage_spec`), else the library's
+        repair call unless `roles.repair_wording`: its valid changes are kept (`salvage_spec`; not a repair whose
+        replay gained nothing), else the library's
         measured spec (when the policy's `fallback`), else none (replayed on the designed suite, the 1.5B
         writers' repairs failed the same wording check in 141 of 147 rounds, a writer call each).
         """
@@ -324,6 +332,11 @@ class SpecWriter:
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         salvaged = salvage_spec(raw[-1], harness, ids)
+        if salvaged is not None:
+            gainless = gainless_repairs(salvaged[0], patterns)  # a writer that ignores the grammar can name them
+            spec = salvaged[0].model_copy(update={"changes": [c for c in salvaged[0].changes if c not in gainless]})
+            salvaged = (spec, salvaged[1] + [f"enable_repair {c.repair}: {REPLAY_NO_GAIN}" for c in gainless]
+                        ) if spec.changes else None
         if salvaged is not None:
             spec, dropped = salvaged
             spec, added = self._with_levers(spec, patterns)
