@@ -129,6 +129,35 @@ async def test_charged_time_is_the_same_when_a_compare_is_rerun_from_its_cache(t
     assert all(c.constrained_tokens == 0 for c in fresh if c.role == "agent")
 
 
+async def test_a_compare_resumed_on_another_machine_from_an_exported_cache_is_charged_the_same(
+        tmp_path: Path) -> None:
+    """`ecdysis cache export` on the first machine, `ecdysis cache import` into an empty cache on the next: the
+    compare run there in a new run directory makes no training call to the model and charges what the first did."""
+    from typer.testing import CliRunner
+
+    from ecdysis.cli.main import app
+
+    points = []
+    for run_dir, cache in (("first", "c.sqlite"), ("next", "next.sqlite")):
+        if run_dir == "next":
+            moved = tmp_path / "carried.jsonl.gz"
+            for args in (["export", str(moved), "--cache", str(tmp_path / "c.sqlite")],
+                         ["import", str(moved), "--cache", str(tmp_path / cache)]):
+                out = CliRunner().invoke(app, ["cache", *args], terminal_width=200)
+                assert out.exit_code == 0, out.output
+            assert re.search(r"imported (\d+) of \1 cache entries", out.output), out.output
+        ws = _ws(tmp_path, run_dir, f'cache.path="{tmp_path / cache}"')
+        results = await compare(ws.config, ["serial", "aggregate"], open_workspace=lambda cfg, ws=ws: ws)
+        points.append({(r.arm, p.step): p.charged_s for r in results for p in r.curve})
+        ws.close()
+    assert points[0].keys() == points[1].keys() and len(points[0]) >= 4
+    assert all(points[1][k] == pytest.approx(v, rel=1e-9, abs=1e-12) for k, v in points[0].items())
+    served = RunStore(tmp_path / "next")._rows(
+        "SELECT COUNT(*) AS n, SUM(cache_hit) AS h FROM model_calls WHERE eval_id IS NULL "
+        "OR eval_id IN (SELECT id FROM evaluations WHERE split != 'test')")[0]
+    assert served["n"] > 0 and served["h"] == served["n"]
+
+
 async def test_every_steps_charged_time_is_filed_under_what_the_step_came_to(tmp_path: Path, rate_file: Path
                                                                               ) -> None:
     """Each training step costs its curve point's charged seconds less the previous point's, filed under

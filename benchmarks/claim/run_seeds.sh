@@ -18,7 +18,10 @@
 # Machines here are fresh each session, so finished arms are exported to
 # benchmarks/results/{designed,claim-gsm8k,claim-dbbench}/seedS-TAG (TAG: this machine's first run) after every
 # seed, when the script is stopped or a compare fails, and with --export; commit the export before the session
-# ends. A later machine runs only the arms no other export holds. Pool them all with
+# ends. A later machine runs only the arms no other export holds. With each export goes the response cache this
+# machine filled (`ecdysis cache export`, benchmarks/results/cache/SUITE-TAG.jsonl.gz), and every carried cache
+# file is imported before a compare starts: an arm a stop cut short replays its calls on the next machine in
+# seconds, charged the same, and goes on. Pool them all with
 #   ecdysis compare-summary benchmarks/results/designed/seed* --registered benchmarks/designed/registered.toml
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -40,6 +43,11 @@ export ECDYSIS_RATES="$ROOT/benchmarks/claim/rates-v4.toml"  # the table the exp
 mkdir -p "$RUNS"
 [[ -f "$RUNS/.tag" ]] || date -u +%Y%m%dT%H%M > "$RUNS/.tag"
 TAG="$(cat "$RUNS/.tag")"
+CARRIED="$ROOT/benchmarks/results/cache"  # the response caches machines filled, one file per suite and machine
+
+carry_cache() {  # this machine's cache entries since its first run -> $CARRIED/SUITE-TAG.jsonl.gz (main's CLI)
+  "$BIN/ecdysis" cache export "$CARRIED/$SUITE-$TAG.jsonl.gz" --since "$TAG" || echo "carrying the cache failed" >&2
+}
 
 export_seed() {  # the finished arms of one seed's run directory (its store, while the seed runs)
   local S="$1" said
@@ -131,6 +139,7 @@ if [[ "${2:-}" == "--export" ]]; then
     [[ -d "$dir" && "${dir##*/seed}" =~ ^[0-9]+$ ]] && export_seed "${dir##*/seed}"
   done
   pool_exports
+  carry_cache
   exit 0
 fi
 
@@ -140,10 +149,13 @@ if [[ "$SUITE" == designed && ! -f "$ROOT/runs/designed.jsonl" ]]; then
 fi
 CODE_SRC="$(pinned_code)"
 echo "the compares import $CODE_SRC"
+carried=("$CARRIED"/*.jsonl.gz)
+[[ -e "${carried[0]}" ]] && "$BIN/ecdysis" cache import "${carried[@]}"  # a bad file stops here, nothing imported
 FIRST="${2:-0}"
 [[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
   echo "error: FIRST should be a seed 0-$LAST, --export or --code (got '$FIRST')" >&2; exit 2; }
-trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING" && pool_exports' EXIT  # a kill or a failed compare exports too
+trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING" && pool_exports; [[ -n "${RUNNING:-}" ]] && carry_cache' EXIT
+# (a kill or a failed compare exports too)
 for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
   todo=()
@@ -156,5 +168,6 @@ for S in $(seq "$FIRST" "$LAST"); do
   RUNNING=""
   export_seed "$S"
   pool_exports
+  carry_cache
   echo "$(date -u +%FT%TZ) $SUITE seed $S done"
 done

@@ -1,6 +1,6 @@
 """The `ecdysis` command line (typer + rich): the app, its commands registered in the order `--help` lists them,
 and the entry point. The commands live in their modules: `chat`, `project` (init), `evaluate`, `training`,
-`inspect`, `doctor`, and `serve/cli.py`."""
+`inspect`, `doctor`, `cache`, and `serve/cli.py`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..serve import cli as serve_cli
-from . import chat, doctor, evaluate, inspect, project, training
+from . import cache, chat, doctor, evaluate, inspect, project, training
 from .exits import run_guarded
 
 app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no_args_is_help=True,
@@ -19,7 +19,9 @@ app = typer.Typer(help="Ecdysis: train the runtime harness of an LLM agent.", no
 models_app = typer.Typer(help="Local GGUF models.", no_args_is_help=True)
 runs_app = typer.Typer(help="Runs recorded in a run directory.", no_args_is_help=True)
 app.add_typer(models_app, name="models")
+cache_app = typer.Typer(help="The response cache, carried between machines.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
+app.add_typer(cache_app, name="cache")
 runs_app.command("list")(inspect.runs_list)
 app.command("serve")(serve_cli.serve)
 app.command()(inspect.show)
@@ -34,6 +36,8 @@ app.command("eval")(evaluate.eval_cmd)
 app.command()(training.train)
 app.command()(training.compare)
 app.command("compare-summary")(training.compare_summary)
+cache_app.command("export")(cache.cache_export)
+cache_app.command("import")(cache.cache_import)
 
 
 @app.callback()
