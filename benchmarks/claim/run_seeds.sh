@@ -154,8 +154,8 @@ carried=("$CARRIED"/*.jsonl.gz)
 FIRST="${2:-0}"
 [[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
   echo "error: FIRST should be a seed 0-$LAST, --export or --code (got '$FIRST')" >&2; exit 2; }
-trap '[[ -n "${RUNNING:-}" ]] && export_seed "$RUNNING" && pool_exports; [[ -n "${RUNNING:-}" ]] && carry_cache' EXIT
-# (a kill or a failed compare exports too)
+# a kill or a failed compare exports too
+trap 'if [[ -n "${RUNNING:-}" ]]; then export_seed "$RUNNING" && pool_exports; carry_cache; fi' EXIT
 for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
   todo=()

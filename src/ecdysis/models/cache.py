@@ -63,6 +63,14 @@ class ResponseCache:
             )
             self._db.commit()
 
+    def add_missing(self, rows: list[tuple[str, str, str, float]]) -> int:
+        """Add (key, model, response JSON, created) rows whose key the cache lacks, in one transaction (none
+        replaced); returns how many were added."""
+        with self._lock, self._db:
+            before = self._db.total_changes
+            self._db.executemany("INSERT OR IGNORE INTO responses VALUES (?,?,?,?)", rows)
+            return self._db.total_changes - before
+
     def __len__(self) -> int:
         with self._lock:
             return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .base import ChatResponse
+from .cache import CacheError, ResponseCache
 
 FORMAT = "ecdysis-response-cache"
 VERSION = 1
@@ -65,16 +66,11 @@ def parse_since(text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
-def _open_cache(path: Path, readonly: bool) -> sqlite3.Connection:
-    if readonly and not path.is_file():
+def _read_only(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
         raise CacheFileError(f"no response cache at {path}; name one with --cache (or $ECDYSIS_CACHE)")
     try:
-        if readonly:
-            return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-        from .cache import ResponseCache  # creates the file and its table
-
-        ResponseCache(path).close()
-        return sqlite3.connect(path, timeout=30)
+        return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise CacheFileError(f"response cache {path} cannot be opened ({exc})") from None
 
@@ -82,7 +78,7 @@ def _open_cache(path: Path, readonly: bool) -> sqlite3.Connection:
 def export_entries(cache: Path, out: Path, since: float | None = None) -> int:
     """Write the cache's entries (those created at or after `since`, if given) to `out`, oldest first; returns
     how many. The file is written beside `out` and renamed into place, so a killed export leaves no half file."""
-    db = _open_cache(cache, readonly=True)
+    db = _read_only(cache)
     try:
         rows = db.execute("SELECT key, model, response, created FROM responses WHERE created >= ? "
                           "ORDER BY created, key", (since if since is not None else float("-inf"),)).fetchall()
@@ -147,15 +143,14 @@ def _entry(line: str, where: str) -> CacheEntry:
 def import_entries(cache: Path, files: list[Path]) -> ImportResult:
     """Add the files' entries the cache lacks, in one transaction, after every file was read and checked."""
     entries = [entry for path in files for entry in read_entries(path)]
-    db = _open_cache(cache, readonly=False)
     try:
-        with db:
-            before = db.total_changes
-            db.executemany("INSERT OR IGNORE INTO responses VALUES (?,?,?,?)",
-                           [(e.key, e.model, e.response, e.created) for e in entries])
-            added = db.total_changes - before
+        target = ResponseCache(cache)  # creates the file and its table; CacheError says what to do
+        try:
+            added = target.add_missing([(e.key, e.model, e.response, e.created) for e in entries])
+        finally:
+            target.close()
+    except CacheError as exc:
+        raise CacheFileError(str(exc)) from None
     except sqlite3.Error as exc:
         raise CacheFileError(f"response cache {cache} cannot be written ({exc}); nothing was imported") from None
-    finally:
-        db.close()
     return ImportResult(read=len(entries), added=added, present=len({e.key for e in entries}) - added)

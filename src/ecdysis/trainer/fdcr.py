@@ -332,13 +332,12 @@ class SpecWriter:
             self._checkpoint(key, transcript)
             return DebateOutcome(spec, transcript, raw=raw)
         salvaged = salvage_spec(raw[-1], harness, ids)
-        if salvaged is not None:
-            gainless = gainless_repairs(salvaged[0], patterns)  # a writer that ignores the grammar can name them
-            spec = salvaged[0].model_copy(update={"changes": [c for c in salvaged[0].changes if c not in gainless]})
-            salvaged = (spec, salvaged[1] + [f"enable_repair {c.repair}: {REPLAY_NO_GAIN}" for c in gainless]
-                        ) if spec.changes else None
-        if salvaged is not None:
+        if salvaged is not None:  # a writer that ignores the grammar can still name a gainless repair: drop it too
             spec, dropped = salvaged
+            gainless = gainless_repairs(spec, patterns)
+            spec = spec.model_copy(update={"changes": [c for c in spec.changes if c not in gainless]})
+            dropped = dropped + [f"enable_repair {c.repair}: {REPLAY_NO_GAIN}" for c in gainless]
+        if salvaged is not None and spec.changes:
             spec, added = self._with_levers(spec, patterns)
             transcript.append({"pass": passes, "role": writer, "text": raw[-1], "dropped": dropped,
                                **({"added": added} if added else {})})
