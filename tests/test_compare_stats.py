@@ -1,5 +1,6 @@
 """Issue 38's statistics on known inputs: time to target censored at the budget, Kaplan-Meier and the restricted
-mean, AUC of the step curve, the paired bootstrap over tasks x seeds, speed-up as a ratio of restricted means."""
+mean, AUC of the step curve, the paired bootstrap over tasks x seeds, speed-up as a ratio of restricted means, the
+exact sign-flip p over seeds."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from ecdysis.compare.stats import (
     TimeToTarget,
     auc,
     kaplan_meier,
+    mean_p,
     paired_estimate,
     restricted_mean,
+    sign_flip_p,
     speedup_estimate,
+    speedup_p,
     time_to_target,
 )
 
@@ -56,3 +60,27 @@ def test_speedup_is_a_ratio_of_restricted_means_with_misses_censored() -> None:
     e = speedup_estimate(serial, arm, 600.0, reps=300)
     assert e is not None and e.value == pytest.approx((300 + 600) / (100 + 200)) and e.n == 2
     assert e.low is not None and e.high is not None and e.low <= e.value <= e.high
+
+
+def test_sign_flip_p_enumerates_every_swap_of_the_seeds() -> None:
+    assert mean_p([1.0, 2.0, 3.0]) == pytest.approx(1 / 8)  # of the 8 sign patterns only the observed is as high
+    assert mean_p([-1.0, -2.0]) == 1.0  # the observed is the lowest: every swap is at least it
+    assert mean_p([1.0, 0.0, 0.0]) == pytest.approx(4 / 8)  # a seed with no difference swaps to the same value:
+    assert mean_p([1.0, 1.0, 0.0, 0.0]) == pytest.approx(4 / 16)  # p >= 2^-(seeds that differ)
+    assert mean_p([0.5]) is None and mean_p([]) is None  # nothing to swap
+
+
+def test_speedup_p_counts_censored_seeds_as_uninformative() -> None:
+    reference = {s: TimeToTarget(400.0, True) for s in range(3)}
+    arm = {s: TimeToTarget(100.0, True) for s in range(3)}
+    assert speedup_p(reference, arm, 600.0) == pytest.approx(1 / 8)  # sooner on every seed: only no swap is >=
+    assert speedup_p(arm, reference, 600.0) == 1.0  # slower on every seed
+    both_missed = {**reference, 3: TimeToTarget(600.0, False)}, {**arm, 3: TimeToTarget(600.0, False)}
+    assert speedup_p(*both_missed, 600.0) == pytest.approx(2 / 16)  # a seed both missed swaps to itself: still 1/8
+    assert speedup_p(reference, {9: TimeToTarget(1.0, True)}, 600.0) is None  # no seed in common
+
+
+def test_sign_flip_p_draws_seeded_swaps_past_the_exact_limit() -> None:
+    p = sign_flip_p(20, lambda swapped: float(sum(not f for f in swapped)), reps=400, seed=1)
+    assert p == pytest.approx(1 / 401)  # the observed (no swap) is the one maximum among 400 random swaps
+    assert p == sign_flip_p(20, lambda swapped: float(sum(not f for f in swapped)), reps=400, seed=1)

@@ -21,9 +21,11 @@ from .stats import (
     Estimate,
     auc,
     mean_estimate,
+    mean_p,
     paired_estimate,
     rmst_estimate,
     speedup_estimate,
+    speedup_p,
     time_to_target,
 )
 
@@ -44,6 +46,8 @@ class FactorRow:
     auc_diff: Estimate | None  # AUC(arm) - AUC(without), per seed
     test_diff: Estimate | None  # paired per-task test difference arm - without
     seeds: int = 0  # the seeds both arms ran: what the three are paired over
+    speedup_p: float | None = None  # one-sided exact sign-flip p over seeds (stats.py), reported beside the rule
+    auc_p: float | None = None
 
 
 @dataclass(frozen=True)
@@ -190,8 +194,9 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
 
 
 def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int = 2000,
-                seed: int = 0) -> list[FactorRow]:
-    """The library, aggregation and debate contrasts (`FACTORS`) between the arms that ran, paired by seed."""
+                seed: int = 0, p_values: bool = True) -> list[FactorRow]:
+    """The library, aggregation and debate contrasts (`FACTORS`) between the arms that ran, paired by seed
+    (`p_values`: with their sign-flip p, which no decision reads)."""
     by_arm = by_arm_and_seed(results)
     rows = []
     for factor, arm, without in FACTORS:
@@ -206,7 +211,8 @@ def factor_rows(results: list[ArmResult], target: float, tau: float, reps: int =
         tests = [{s: r.test_per_task for s, r in runs.items() if r.test_per_task} for runs in (a, b)]
         rows.append(FactorRow(factor, arm, without, speedup_estimate(obs[without], obs[arm], tau, reps, seed),
                               mean_estimate(aucs, reps, seed), paired_estimate(tests[0], tests[1], reps, seed),
-                              len(both)))
+                              len(both), speedup_p(obs[without], obs[arm], tau, reps, seed) if p_values else None,
+                              mean_p(aucs, reps, seed) if p_values else None))
     return rows
 
 
@@ -283,6 +289,10 @@ def _cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
     return "–" if e is None else e.text(digits, signed)
 
 
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3f}"
+
+
 def _paired(e: Estimate | None, shared: int | None, seeds: int, digits: int = 3, signed: bool = False) -> str:
     """A paired cell, naming the seeds it pairs over when they are fewer than the row's own."""
     text = _cell(e, digits, signed)
@@ -331,11 +341,12 @@ def time_parts_table(rows: list[FactorialRow]) -> Table | None:
 def factor_table(factors: list[FactorRow]) -> Table:
     """One row per factor: what adding it changes, paired over seeds (speed-up > 1: the target sooner)."""
     table = Table(title="Per factor: the arm with it against the arm without it, paired over seeds; "
-                        "mean [95% bootstrap interval]")
-    for name in ("factor", "arm vs without", "seeds", "speed-up to target", "AUC difference",
+                        "mean [95% bootstrap interval]; p: one-sided exact sign-flip test over seeds (no decision "
+                        "reads it)")
+    for name in ("factor", "arm vs without", "seeds", "speed-up to target", "p", "AUC difference", "p",
                  "test difference (paired)"):
         table.add_column(name, justify="left" if name in ("factor", "arm vs without") else "right")
     for f in factors:
-        table.add_row(f.factor, f"{f.arm} vs {f.without}", str(f.seeds), _cell(f.speedup, 2),
-                      _cell(f.auc_diff, signed=True), _cell(f.test_diff, signed=True))
+        table.add_row(f.factor, f"{f.arm} vs {f.without}", str(f.seeds), _cell(f.speedup, 2), _p(f.speedup_p),
+                      _cell(f.auc_diff, signed=True), _p(f.auc_p), _cell(f.test_diff, signed=True))
     return table

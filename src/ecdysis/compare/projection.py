@@ -91,7 +91,8 @@ def project(results: list[ArmResult], rule: Registration, sims: int = SIMS, reps
             holds[f"{v.arm} vs {v.against}"] += v.holds
         for arm, outcome, _ in overall(contrasts):
             holds[f"the claim, {arm}"] += outcome == "holds"
-        for factor, (gain, _) in factor_gains(factor_rows(sample, rule.target, tau, reps, sim), rule).items():
+        rows = factor_rows(sample, rule.target, tau, reps, sim, p_values=False)
+        for factor, (gain, _) in factor_gains(rows, rule).items():
             gains[factor] += gain
     return Projection(seeds_run, rule.seeds, sims, {k: n / sims for k, n in holds.items()},
                       {k: n / sims for k, n in gains.items()})
