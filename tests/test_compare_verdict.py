@@ -81,7 +81,8 @@ def test_compare_summary_prints_and_saves_the_verdicts_with_the_registered_thres
     assert "claim holds at speed-up >= 3" in printed
     (verdict,) = saved["verdicts"]
     assert verdict["arm"] == "aggregate" and verdict["against"] == "serial+library" and not verdict["holds"]
-    assert verdict["why"] == "speed-up 2.35 < 3"  # 610 / 260 s; its interval is above 1, the test equal
+    # 610 / 260 s; its interval is above 1, the test equal; sooner on all 3 seeds: the exact p is 1/2^3
+    assert verdict["why"] == "speed-up 2.35 < 3; the speed-up's sign-flip p 0.125 (reported, not a condition)"
     assert saved["factor_gains"]["aggregation"]["gain"] is True  # sooner on every seed, the same test tasks
     assert saved["claim"] == {"aggregate": {"outcome": "miss", "why": "misses against serial+library"}}
     (tmp_path / "typo.toml").write_text("target = 0.5\nmin_speed = 3\n")

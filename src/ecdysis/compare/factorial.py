@@ -115,6 +115,7 @@ class FactorialRow:
     test_vs: dict[str, Estimate | None] | None = None  # reference arm -> paired test difference
     speedup_vs: dict[str, Estimate | None] | None = None  # reference arm -> RMST ratio
     paired_seeds: dict[str, int] | None = None  # reference arm -> seeds both ran (what test_vs, speedup_vs pair)
+    speedup_p_vs: dict[str, float | None] | None = None  # reference arm -> the speed-up's sign-flip p (stats.py)
     tokens: Estimate | None = None  # training tokens a cold run spends (best-of-k: its samples)
     time_parts: dict[str, float] | None = None  # where the charged seconds went: mean over seeds (`time_parts`)
 
@@ -166,8 +167,9 @@ def budget_of(results: list[ArmResult], given: float | None) -> tuple[float, str
 
 
 def factorial(results: list[ArmResult], target: float, budget_s: float | None = None, reps: int = 2000,
-              seed: int = 0) -> tuple[list[FactorialRow], float, str]:
-    """One row per arm (in run order), the censoring time τ used and where it came from."""
+              seed: int = 0, p_values: bool = True) -> tuple[list[FactorialRow], float, str]:
+    """One row per arm (in run order), the censoring time τ used and where it came from (`p_values`: with each
+    speed-up's sign-flip p, which no decision reads)."""
     tau, source = budget_of(results, budget_s)
     by_arm = by_arm_and_seed(results)
     obs = {arm: {s: time_to_target(points(r), target, tau) for s, r in runs.items() if r.curve}
@@ -186,6 +188,8 @@ def factorial(results: list[ArmResult], target: float, budget_s: float | None = 
             row.auc = mean_estimate(aucs, reps, seed)
             row.speedup_vs = {ref: speedup_estimate(obs.get(ref, {}), arm_obs, tau, reps, seed)
                               for ref in refs if ref != arm and ref in obs}
+            if p_values:
+                row.speedup_p_vs = {ref: speedup_p(obs[ref], arm_obs, tau, reps, seed) for ref in row.speedup_vs}
         row.test_vs = {ref: paired_estimate(tests[arm], tests[ref], reps, seed) for ref in refs if ref != arm}
         row.paired_seeds = {ref: len(set(runs) & set(by_arm[ref])) for ref in refs if ref != arm}
         row.time_parts = mean_parts(list(runs.values()))

@@ -9,7 +9,9 @@
   interval lies above 1 or its AUC-difference interval above 0, and its paired test difference's interval lies
   above `-test_margin`.
 
-An estimate without an interval (one seed) never meets a condition on its interval. When the registration
+A contrast's why ends with its speed-up's exact sign-flip p (compare/stats.py) where the report has one: reported
+for a reader who distrusts a bootstrap over few seeds, never a condition. An estimate without an interval (one
+seed) never meets a condition on its interval. When the registration
 names its number of seeds, a contrast paired over fewer is *interim*: its rule is applied and shown, but nothing
 is decided (the claim and the factors read "not decided") until every registered seed has run.
 """
@@ -96,6 +98,8 @@ def claim_verdicts(rows: list[FactorialRow], rule: Registration) -> list[Verdict
             met = f"speed-up {_cell(speed, 2)}, test {_cell(test, signed=True)}"
             seeds = (row.paired_seeds or {}).get(ref, 0)
             why = "; ".join(unmet) if unmet else met
+            if (p := (row.speedup_p_vs or {}).get(ref)) is not None:
+                why += f"; the speed-up's sign-flip p {p:.3f} (reported, not a condition)"
             if interim(seeds, rule):
                 why = f"{_short(seeds, rule)}: {why}"
             out.append(Verdict(arm, ref, not unmet, why, speed, test, seeds, not interim(seeds, rule)))
