@@ -63,8 +63,10 @@ def test_seeds_that_all_show_the_claim_project_it_and_seeds_that_show_nothing_do
                              "ecdysis vs serial": 1.0, "ecdysis vs serial+library": 1.0,
                              "the claim, aggregate": 1.0, "the claim, ecdysis": 1.0}
     assert holding.gains == {"library": 0.0, "aggregation": 1.0, "debate": 0.0}
+    assert holding.defaults == {"aggregate": 1.0}  # aggregation a gain, the debate none, in every completion
     nothing = project(seed_results(0, SAME) + seed_results(1, SAME), rule, sims=20, reps=100)
     assert nothing is not None and set(nothing.holds.values()) == {0.0} and set(nothing.gains.values()) == {0.0}
+    assert nothing.defaults == {"serial+library": 1.0}
 
 
 def test_seeds_that_disagree_project_a_share_between_none_and_all() -> None:

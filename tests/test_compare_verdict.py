@@ -65,6 +65,26 @@ def test_a_factor_shows_a_gain_by_speed_or_auc_without_losing_test_accuracy() ->
     assert gains["debate"] == (False, "neither the speed-up interval above 1 nor the AUC difference's above 0")
 
 
+def test_the_default_method_follows_the_registered_rule_and_waits_for_every_seed() -> None:
+    from ecdysis.compare.verdict import Verdicts, default_method
+
+    gain, none = (True, "AUC difference interval above 0"), (False, "neither")
+    assert default_method({"aggregation": gain, "debate": none})[0] == "aggregate"
+    assert default_method({"aggregation": gain, "debate": gain})[0] == "ecdysis"
+    assert default_method({"aggregation": none, "debate": none}) == (
+        "serial+library", "aggregation shows no gain, the debate shows no gain")
+    assert default_method({"aggregation": none, "debate": gain})[0] == "not decided"
+    assert default_method({"aggregation": gain}) is None  # no ecdysis arm: the rule has nothing to read
+    gains = {"library": none, "aggregation": gain, "debate": none}
+    final = Verdicts(RULE, [], [], gains)
+    assert final.default == ("aggregate", "aggregation shows a gain, the debate shows no gain", True)
+    assert final.to_dict()["default_method"] == {"method": "aggregate", "decided": True,
+                                                 "why": "aggregation shows a gain, the debate shows no gain"}
+    early = Verdicts(RULE, [], [], gains, frozenset({"debate"}))
+    assert early.default is not None and early.default[2] is False
+    assert any("interim: aggregate" in cell for column in early.table().columns for cell in column._cells)
+
+
 def _curve(arm: str, at: float) -> list[CurvePoint]:
     def point(step: int, time: float, val: float) -> CurvePoint:
         return CurvePoint(arm=arm, step=step, harness_id=f"{arm}{step}", val_score=val, train_score=None,

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rich.table import Table
 
 from .factorial import REFERENCES, Registration, factor_rows, factorial
 from .results import ArmResult
-from .verdict import AGGREGATION_ARMS, claim_verdicts, factor_gains, overall
+from .verdict import AGGREGATION_ARMS, claim_verdicts, default_method, factor_gains, overall
 
 SIMS = 200  # simulated completions
 REPS = 200  # bootstrap resamples per interval inside one completion (the decision itself uses 2000)
@@ -36,6 +36,7 @@ class Projection:
     sims: int
     holds: dict[str, float]
     gains: dict[str, float]
+    defaults: dict[str, float] = field(default_factory=dict)  # method -> share it is the default in
 
     def table(self) -> Table:
         table = Table(title=f"Projected at the registered {self.seeds_registered} seeds, from the {self.seeds_run} "
@@ -47,11 +48,13 @@ class Projection:
             table.add_row(name, f"{share:.2f}")
         for name, share in self.gains.items():
             table.add_row(f"factor: {name}", f"{share:.2f}")
+        for method, share in self.defaults.items():
+            table.add_row(f"the default method: {method}", f"{share:.2f}")
         return table
 
     def to_dict(self) -> dict[str, object]:
         return {"seeds_run": self.seeds_run, "seeds_registered": self.seeds_registered, "sims": self.sims,
-                "holds": self.holds, "gains": self.gains}
+                "holds": self.holds, "gains": self.gains, "defaults": self.defaults}
 
 
 def complete_seeds(results: list[ArmResult]) -> list[ArmResult]:
@@ -83,6 +86,7 @@ def project(results: list[ArmResult], rule: Registration, sims: int = SIMS, reps
     rng = random.Random(seed)
     holds: Counter[str] = Counter()
     gains: Counter[str] = Counter()
+    defaults: Counter[str] = Counter()
     for sim in range(sims):
         sample = completion(results, rule.seeds, rng)
         rows, tau, _ = factorial(sample, rule.target, rule.budget_s, reps, sim, p_values=False)
@@ -92,7 +96,10 @@ def project(results: list[ArmResult], rule: Registration, sims: int = SIMS, reps
         for arm, outcome, _ in overall(contrasts):
             holds[f"the claim, {arm}"] += outcome == "holds"
         rows = factor_rows(sample, rule.target, tau, reps, sim, p_values=False)
-        for factor, (gain, _) in factor_gains(rows, rule).items():
+        by_factor = factor_gains(rows, rule)
+        for factor, (gain, _) in by_factor.items():
             gains[factor] += gain
+        if (default := default_method(by_factor)) is not None:
+            defaults[default[0]] += 1
     return Projection(seeds_run, rule.seeds, sims, {k: n / sims for k, n in holds.items()},
-                      {k: n / sims for k, n in gains.items()})
+                      {k: n / sims for k, n in gains.items()}, {k: n / sims for k, n in sorted(defaults.items())})

@@ -8,6 +8,9 @@
 - **A factor shows a gain** (the default method's rule, benchmarks/designed/README.md) when its speed-up
   interval lies above 1 or its AUC-difference interval above 0, and its paired test difference's interval lies
   above `-test_margin`.
+- **The default method** (`ecdysis train --arm`; benchmarks/designed/README.md, "The default method"): with
+  aggregation showing a gain, `ecdysis` if the debate shows one too, else `aggregate`; with aggregation showing
+  none, `serial+library`, unless the debate shows a gain, which the registered rule leaves undecided.
 
 A contrast's why ends with its speed-up's exact sign-flip p (compare/stats.py) where the report has one: reported
 for a reader who distrusts a bootstrap over few seeds, never a condition. An estimate without an interval (one
@@ -146,6 +149,21 @@ def _gain(f: FactorRow, rule: Registration) -> tuple[bool, str]:
     return test is None, shown if test is None else f"{shown}, but {test}"
 
 
+def default_method(gains: dict[str, tuple[bool, str]]) -> tuple[str, str] | None:
+    """The registered default-method rule on the factor gains: (method, why), or ("not decided", why) when the
+    debate shows a gain and aggregation none; None without both factors."""
+    if "aggregation" not in gains or "debate" not in gains:
+        return None
+    (aggregation, _), (debate, _) = gains["aggregation"], gains["debate"]
+    said = (f"aggregation {'shows a gain' if aggregation else 'shows no gain'}, "
+            f"the debate {'shows a gain' if debate else 'shows no gain'}")
+    if aggregation:
+        return ("ecdysis", said) if debate else ("aggregate", said)
+    if debate:
+        return "not decided", f"{said}: the registered rule names no default for this case"
+    return "serial+library", said
+
+
 @dataclass(frozen=True)
 class Verdicts:
     """What the registration's rules decide on a factorial report: each contrast, the claim per aggregation
@@ -156,6 +174,14 @@ class Verdicts:
     claim: list[tuple[str, str, str]]  # (arm, "holds" / "miss" / "not decided", why)
     gains: dict[str, tuple[bool, str]]  # factor -> (shows a gain, why)
     interim_factors: frozenset[str] = frozenset()  # factors paired over fewer seeds than registered
+
+    @property
+    def default(self) -> tuple[str, str, bool] | None:
+        """(method, why, decided) by the default-method rule; not decided while either factor is interim."""
+        found = default_method(self.gains)
+        if found is None:
+            return None
+        return (*found, not ({"aggregation", "debate"} & self.interim_factors))
 
     def __bool__(self) -> bool:
         return bool(self.contrasts or self.gains)
@@ -175,6 +201,9 @@ class Verdicts:
             outcome = "gain" if gain else "no gain"
             table.add_row(f"factor: {factor}", f"interim: {outcome}" if factor in self.interim_factors else outcome,
                           why)
+        if (default := self.default) is not None:
+            method, why, decided = default
+            table.add_row("the default method (--arm)", method if decided else f"interim: {method}", why)
         return table
 
     def to_dict(self) -> dict[str, object]:
@@ -183,7 +212,9 @@ class Verdicts:
                 "claim": {arm: {"outcome": outcome, "why": why} for arm, outcome, why in self.claim},
                 "factor_gains": {f: {"gain": g, "why": why, "decided": f not in self.interim_factors}
                                  for f, (g, why) in self.gains.items()},
-                "registered_seeds": self.rule.seeds}
+                "registered_seeds": self.rule.seeds,
+                "default_method": None if (d := self.default) is None
+                else {"method": d[0], "why": d[1], "decided": d[2]}}
 
 
 def verdicts(report: FactorialReport) -> Verdicts:
