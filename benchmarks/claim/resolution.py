@@ -12,26 +12,21 @@ so it is wider; this is a floor on what the design resolves, not the decision.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
+import sys
 from pathlib import Path
+
+from ecdysis.compare.files import read_results
+from ecdysis.compare.results import ArmResult
+from ecdysis.compare.stats import paired_differences
 
 CONTRASTS = (("serial+library", "serial"), ("aggregate", "serial+library"), ("ecdysis", "aggregate"),
              ("aggregate", "serial"), ("ecdysis", "serial+library"))
 
 
-def paired(rows: list[dict], arm: str, ref: str) -> tuple[list[float], int]:
-    """Per-task differences arm - ref over the seeds both ran, and how many seeds that was."""
-    by = {(r["arm"], r["seed"]): r.get("test_per_task") or {} for r in rows}
-    diffs, seeds = [], 0
-    for (name, seed), tasks in sorted(by.items()):
-        other = by.get((ref, seed))
-        if name != arm or other is None:
-            continue
-        seeds += 1
-        diffs += [tasks[t] - other[t] for t in tasks if t in other]
-    return diffs, seeds
+def per_task(results: list[ArmResult], arm: str) -> dict[int, dict[str, float]]:
+    return {r.seed: r.test_per_task for r in results if r.arm == arm and r.test_per_task}
 
 
 def main() -> None:
@@ -39,12 +34,16 @@ def main() -> None:
     parser.add_argument("exports", nargs="+", type=Path, help="exported compare folders (each with compare.json)")
     parser.add_argument("--seeds", type=int, required=True, help="the registered number of seeds")
     args = parser.parse_args()
-    rows = [row for folder in args.exports for row in json.loads((folder / "compare.json").read_text())]
+    try:
+        results = [r for folder in args.exports for r in read_results(folder)]
+    except ValueError as exc:
+        sys.exit(f"error: {exc}")
     print(f"| contrast | seeds | paired tasks | mean | sd | discordant | 95% half-width now | at {args.seeds} seeds "
           f"| detectable (80% power) at {args.seeds} seeds |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for arm, ref in CONTRASTS:
-        diffs, seeds = paired(rows, arm, ref)
+        by_seed = paired_differences(per_task(results, arm), per_task(results, ref))
+        diffs, seeds = [d for seed in by_seed.values() for d in seed], len(by_seed)
         if len(diffs) < 2:
             continue
         sd = statistics.pstdev(diffs)
