@@ -154,8 +154,12 @@ carried=("$CARRIED"/*.jsonl.gz)
 FIRST="${2:-0}"
 [[ "$FIRST" =~ ^[0-9]+$ ]] && (( FIRST <= LAST )) || {
   echo "error: FIRST should be a seed 0-$LAST, --export or --code (got '$FIRST')" >&2; exit 2; }
+# A session cut off hard runs no trap: so the cache is also carried every CARRY_EVERY s (default 600) while the
+# seeds run, and the uncommitted file goes with the checkout to the next machine (atomic: no half file).
+( while sleep "${CARRY_EVERY:-600}"; do carry_cache > /dev/null; done ) &
+CARRIER=$!
 # a kill or a failed compare exports too
-trap 'if [[ -n "${RUNNING:-}" ]]; then export_seed "$RUNNING" && pool_exports; carry_cache; fi' EXIT
+trap 'kill "$CARRIER" 2> /dev/null; if [[ -n "${RUNNING:-}" ]]; then export_seed "$RUNNING" && pool_exports; carry_cache; fi' EXIT
 for S in $(seq "$FIRST" "$LAST"); do
   done_arms="$(exported_elsewhere "$S")"
   todo=()
