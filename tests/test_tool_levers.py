@@ -162,6 +162,31 @@ def test_a_spec_enabling_part_of_a_measured_combination_gets_the_combination_val
     assert added.changes[-1].repair == "answer_phrase+last_number+last_line"
 
 
+def test_a_full_spec_ignoring_two_measured_levers_ends_with_one_of_them_and_says_why() -> None:
+    """Designed seed 7's aggregate: with 3 changes, each pattern's lever took the last slot from the other's, which
+    left the other ignored again; the loop never ended and grew to 24 GB. Each spec reached once, then a note."""
+    import signal
+
+    p1 = _pattern([SINGLE])
+    second = {**SINGLE, "lever": "enable_repair last_line", "repairs": ["last_line"]}
+    p2 = _pattern([second]).model_copy(update={"id": "P2"})
+    rules = [Change(layer="H3", kind="add_rule", text=f"Rule {i}.", rationale="care") for i in range(3)]
+    full = HarnessSpec(patterns_addressed=["P1"], changes=rules, implementation_notes="")
+    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("with_verified_levers looped")))
+    signal.alarm(10)
+    try:
+        spec, notes = with_verified_levers(full, [p1, p2])
+    finally:
+        signal.alarm(0)
+    assert len(spec.changes) == 3 and [c.text for c in spec.changes[:2]] == ["Rule 0.", "Rule 1."]
+    assert spec.changes[-1].repair in {"answer_phrase", "last_line"}
+    assert notes[-1] == "stopped: 3 changes leave no room for every measured lever"
+    roomy = full.model_copy(update={"changes": rules[:1]})  # room for both: both added, no note
+    spec, notes = with_verified_levers(roomy, [p1, p2])
+    assert [c.repair for c in spec.changes[1:]] == ["answer_phrase", "last_line"]
+    assert notes == ["enable_repair answer_phrase for P1", "enable_repair last_line for P2"]
+
+
 def test_combination_ids_are_valid_repairs_in_specs_and_schemas() -> None:
     from helpers import seed_with
 
