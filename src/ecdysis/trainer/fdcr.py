@@ -147,6 +147,7 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
     it added by the library (replacing the last change if the spec is full); acceptance still decides."""
     added: list[str] = []
     limit = max_items("changes")
+    seen: set[str] = set()  # every spec reached: a repeat is a cycle, which would never end
     while (reason := ignored_verified_lever(spec, patterns)) is not None:
         p = next(p for p in patterns if reason.startswith(p.id + " "))
         best = p.verified_lever()
@@ -158,6 +159,11 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
         changes = [*spec.changes, change] if len(spec.changes) < limit else [*spec.changes[:-1], change]
         spec = spec.model_copy(update={"changes": changes,
                                        "patterns_addressed": sorted({*spec.patterns_addressed, p.id})})
+        state = spec.model_dump_json()
+        if state in seen:  # a full spec whose last change two patterns' levers take in turn (each leaves the
+            added.append(f"stopped: {limit} changes leave no room for every measured lever")  # other ignored)
+            break
+        seen.add(state)
         added.append(f"enable_repair {'+'.join(names)} for {p.id}")
     return spec, added
 
