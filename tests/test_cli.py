@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ecdysis.store import DB_NAME, RunStore
+from ecdysis.trainer.methods import DEFAULT_METHOD
 
 
 def ecdysis(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -212,7 +213,7 @@ def test_train_ends_with_the_result_the_diff_and_the_report(tmp_path: Path, data
             "--set", "train.rounds=1"]
     out = ecdysis(*args, cwd=tmp_path, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    run_id = next(w for w in out.stderr.split() if w.startswith("train-ecdysis-"))
+    run_id = next(w for w in out.stderr.split() if w.startswith(f"train-{DEFAULT_METHOD}-"))  # no --arm: the default
     assert f"new run {run_id}" in out.stderr
     assert "Held-out test" in out.stdout and "What changed" in out.stdout and "round 1:" in out.stdout
     report = tmp_path / "proj" / "runs" / f"report-{run_id}.html"
@@ -267,7 +268,7 @@ async def test_the_end_of_train_screen_shows_what_changed_and_the_diff(tmp_path:
     from ecdysis.trainer import train_async
 
     ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"), "train.rounds=1")
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)  # a round and its spec
     assert result.final_harness_id != result.seed_harness_id  # the scripted roles' repair was accepted
     buffer = StringIO()
     path = finish_train(Console(file=buffer, width=200), ws.store, result.run_id)

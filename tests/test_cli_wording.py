@@ -142,7 +142,7 @@ def test_ratios_read_the_right_way_round_and_one_seed_has_no_interval() -> None:
 def test_a_round_no_role_ran_says_the_library_wrote_its_spec(tmp_path: Path) -> None:
     config = sevens(tmp_path)
     out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--roles-model", "scripted:unused",
-                  "--run-dir", "r", "--set", "train.acceptance=strict", cwd=tmp_path)  # a strict decision's wording
+                  "--run-dir", "r", "--arm", "ecdysis", "--set", "train.acceptance=strict", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "spec written by the library (enable_repair answer_phrase covers every recurring pattern; no role " \
            "asked)" in out.stdout
@@ -163,7 +163,7 @@ def test_two_rejections_stop_training_and_the_library_candidate_is_named(tmp_pat
             for g, texts in TOPICS.items() for i, text in enumerate(texts)]
     config = suite(tmp_path, "topics", rows)
     out = ecdysis("train", "-c", str(config), "--model", "scripted:Answer: sports",
-                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--run-dir", "r",
+                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--run-dir", "r", "--arm", "ecdysis",
                   "--set", "train.acceptance=strict", cwd=tmp_path)  # the wording of a strict decision
     assert out.returncode == 0, out.stdout + out.stderr
     assert "no edit accepted in 2 rounds in a row (train.engine.stop_after_rejections = 2)" in out.stdout
@@ -181,7 +181,7 @@ def test_two_rejections_stop_training_and_the_library_candidate_is_named(tmp_pat
 def test_a_role_reply_that_is_not_json_is_named_with_its_start(tmp_path: Path) -> None:
     config = sums(tmp_path)
     out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--roles-model", "scripted:I think we should fix it",
-                  "--run-dir", "r", cwd=tmp_path)
+                  "--run-dir", "r", "--arm", "ecdysis", cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert ("spec rejected after repair: the role's reply is not JSON (Expecting value at line 1 column 1); "
             "it starts: 'I think we should fix it'") in out.stdout
@@ -192,7 +192,7 @@ def test_a_role_reply_that_is_not_json_is_named_with_its_start(tmp_path: Path) -
 def test_piped_output_honours_columns_and_has_a_sane_default(tmp_path: Path) -> None:
     config = sums(tmp_path)
     args = ("train", "-c", str(config), "--model", SEVEN, "--roles-model", "scripted:I think we should fix it",
-            "--run-dir", "r")
+            "--run-dir", "r", "--arm", "ecdysis")
     narrow = ecdysis(*args, cwd=tmp_path, columns="100")
     assert narrow.returncode == 0, narrow.stderr
     assert max(map(len, layout(narrow.stdout))) <= 100 and max(map(len, layout(narrow.stderr))) <= 100
@@ -227,7 +227,8 @@ def test_init_writes_the_models_into_the_config(tmp_path: Path) -> None:
 
 def test_train_json_prints_the_typed_result(tmp_path: Path) -> None:
     config = sevens(tmp_path)
-    out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--run-dir", "r", "--json", cwd=tmp_path)
+    out = ecdysis("train", "-c", str(config), "--model", SEVEN, "--run-dir", "r", "--arm", "ecdysis", "--json",
+                  cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)  # stdout holds the JSON and nothing else
     assert result["run_id"].startswith("train-ecdysis-") and result["arm"] == "ecdysis"

@@ -31,7 +31,7 @@ def hostile_adder(messages: list[Message]) -> str:
 
 async def test_report_shows_every_round_with_numbers_from_the_store(tmp_path: Path) -> None:
     ws = make_ws(tmp_path, Roles(), ScriptedModel(hostile_adder, name="adder"))
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)  # rounds and their patterns
     text = render_report(ws.store, result.run_id[:14])  # a unique prefix is enough
     assert len(result.rounds) == 2
     for r in result.rounds:
@@ -81,7 +81,7 @@ async def test_compare_report_plots_every_arm_and_lists_their_results(tmp_path: 
 
 async def test_show_and_diff_print_rounds_and_the_harness_change(tmp_path: Path) -> None:
     ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"))
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)  # rounds and their patterns
     ws.close()
     run_dir = str(ws.config.run.run_dir)
     shown = cli("show", result.run_id, "--run-dir", run_dir, cwd=tmp_path)

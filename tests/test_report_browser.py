@@ -33,7 +33,7 @@ def real_report(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Pat
     manifest = tmp / "proj" / "harness" / "harness.toml"
     manifest.write_text(set_manifest_value(manifest.read_text(), "generation", "max_tokens", 96))
     out = cli("train", "-c", "proj/ecdysis.toml", "--model", "local:smollm2-135m", "--roles-model",
-              f"scripted:{json.dumps(BOXED_SPEC)}", "--data-dir", str(data_dir), "--rounds", "1",
+              f"scripted:{json.dumps(BOXED_SPEC)}", "--data-dir", str(data_dir), "--rounds", "1", "--arm", "ecdysis",
               "--set", "train.train_limit=6", "--set", "train.test_limit=4", "--set", 'train.accept_on="train"',
               "--run-dir", "run", cwd=tmp)
     assert out.returncode == 0, out.stdout + out.stderr

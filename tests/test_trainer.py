@@ -298,7 +298,7 @@ async def test_training_finds_the_format_failure_and_fixes_it(tmp_path: Path, sk
     roles = Roles()
     ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"),
                  f"train.engine.skip_debate_when_verified={str(skip).lower()}")
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     first = result.rounds[0]
     assert first.train_score == 0.0 and first.recurring == 1 and first.accepted
     assert result.rounds[1].stop == "nothing recurring left" and len(result.rounds) == 2
@@ -342,19 +342,19 @@ async def test_killed_mid_debate_resumes_without_repeating_calls(tmp_path: Path)
     crashing = Roles(crash_after=4)
     ws = make_ws(tmp_path, crashing, ScriptedModel(add_answer, name="adder"), DEBATE)
     with pytest.raises(KeyboardInterrupt):
-        await train_async(ws.config, ws=ws)
+        await train_async(ws.config, "ecdysis", ws=ws)
     transcript = ws.store.get_record(ws.store.runs()[0]["id"], "transcript", "r1")
     assert [t["role"] for t in transcript] == ["analyst", "critic", "engineer", "analyst"]
     ws.close()
     resumed_roles = Roles()
     agent = ScriptedModel(add_answer, name="adder")
     ws2 = make_ws(tmp_path, resumed_roles, agent, DEBATE)
-    result = await train_async(ws2.config, ws=ws2)
+    result = await train_async(ws2.config, "ecdysis", ws=ws2)
     assert resumed_roles.calls == ["CRITIC", "ENGINEER", "MODERATOR"]  # finished turns not repeated
     assert result.rounds[0].accepted and result.test_after["accuracy"] == 1.0
     (tmp_path / "ref").mkdir()
     ref_ws = make_ws(tmp_path / "ref", Roles(), ScriptedModel(add_answer, name="adder"), DEBATE)
-    reference = await train_async(ref_ws.config, ws=ref_ws)
+    reference = await train_async(ref_ws.config, "ecdysis", ws=ref_ws)
     assert [r.accepted for r in result.rounds] == [r.accepted for r in reference.rounds]
     assert result.final_harness_id == reference.final_harness_id
     # the collect evaluation finished before the kill and the repair leaves prompts unchanged, so the only
@@ -451,7 +451,7 @@ async def test_a_verified_lever_rejected_on_val_goes_to_the_roles_next_round(tmp
     roles = Roles()
     ws = make_ws(tmp_path, roles, ScriptedModel(agent, name="agent"), 'train.accept_on="val"',
                  "train.acceptance=strict", rows=rows)  # sequential accepts the lever on its exact replays
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     first, second = result.rounds[0], result.rounds[1]
     assert not first.accepted and not second.accepted and "no strict gain" in first.reason
     assert records.load(ws.store, result.run_id, SpecRecord, "r1").source.startswith("library: enable_repair")
@@ -495,7 +495,7 @@ async def test_a_spec_that_rebuilds_a_rejected_harness_gives_the_round_to_the_li
     again but try the library's next lever (here retrieved labelled examples, which val accepts)."""
     roles = Roles(spec=CAREFUL_RULE)
     ws = topic_ws(tmp_path, roles)
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     first, second = result.rounds[0], result.rounds[1]
     assert not [p for p in roles.prompts if "you wrote was rejected" in p]  # no send-back: the library acts
     assert not first.accepted and "no strict gain" in first.reason
@@ -524,7 +524,7 @@ async def test_an_h2_spec_whose_replay_changes_nothing_gives_the_round_to_the_li
     """The roles enable `boxed_answer` for replies that never hold a box: replay shows it changes no training
     episode, so the round validates the library's lever instead of a no-op."""
     ws = topic_ws(tmp_path, Roles())
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     first = result.rounds[0]
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r1")
     assert candidate.source == "library: add_examples" and first.accepted
@@ -552,7 +552,7 @@ async def test_the_debate_makes_no_role_call_once_the_budget_is_spent(tmp_path: 
 async def test_a_training_run_stops_mid_debate_when_its_budget_is_spent(tmp_path: Path) -> None:
     roles = Roles()
     ws = make_ws(tmp_path, roles, ScriptedModel(add_answer, name="adder"), DEBATE, "train.budget.optimizer_tokens=1")
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     assert roles.calls == ["ANALYST"]  # the critic, engineer and moderator were never asked
     first = result.rounds[0]
     assert not first.accepted and first.reason.startswith("no spec: budget spent: optimizer_tokens")

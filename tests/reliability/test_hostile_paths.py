@@ -203,7 +203,7 @@ async def test_an_implementer_that_plants_links_gives_a_rejected_candidate_and_t
     ws = make_ws(tmp_path, Roles(), ScriptedModel(add_answer, name="adder"), "train.rounds=1",
                  "train.implement_attempts=1", f"train.implementer_command={json.dumps(command)}",
                  'train.implementer_env=["HELD_OUT_FILE"]')
-    result = await train_async(ws.config, ws=ws)
+    result = await train_async(ws.config, "ecdysis", ws=ws)
     assert result.test_after is not None and result.final_harness_id == result.seed_harness_id
     candidate = records.load(ws.store, result.run_id, CandidateRecord, "r1")
     assert candidate is not None and candidate.harness is None

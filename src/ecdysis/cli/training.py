@@ -14,7 +14,7 @@ from rich.table import Table
 
 from ..runner.failures import GraderFailed
 from ..serve import cli as serve_cli
-from ..trainer.methods import METHODS, help_text, trainer_methods
+from ..trainer.methods import DEFAULT_METHOD, METHODS, help_text, trainer_methods
 from . import failure_views, views
 from .common import ConfigOpt, ExecutorOpt, RayAddressOpt, console, fail, role_flags
 from .config_flags import USER_ERRORS, SetOpt, build_config
@@ -23,7 +23,7 @@ from .config_flags import USER_ERRORS, SetOpt, build_config
 def train(
     config: ConfigOpt = None,
     sets: SetOpt = None,
-    arm: Annotated[str, typer.Option(help=help_text(trainer_methods()))] = "ecdysis",
+    arm: Annotated[str, typer.Option(help=help_text(trainer_methods()))] = DEFAULT_METHOD,
     env: Annotated[str | None, typer.Option(help="Environment: built-in name or package.module:factory.")] = None,
     harness: Annotated[Path | None, typer.Option(help="Seed harness directory.")] = None,
     user_model: Annotated[str | None, typer.Option(help="Simulated user's model (conversation tasks).")] = None,
@@ -42,8 +42,9 @@ def train(
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (no live view; the "
                                                          "report is still written and its path included).")] = False,
 ) -> None:
-    """Train a harness: collect, aggregate, debate, implement, validate; freeze and test. Resumable.
-    Ends with the result, what changed, the harness diff and the path of the HTML report."""
+    """Train a harness: collect failures, propose and validate edits, freeze and test (by default per failure
+    with the library's levers; --arm ecdysis: aggregated patterns and the debate). Resumable. Ends with the
+    result, what changed, the harness diff and the path of the HTML report."""
     if from_traces is not None:
         serve_cli.train_from_traces(from_traces, harness, out, as_json=as_json)
         return

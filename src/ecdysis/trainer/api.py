@@ -18,7 +18,7 @@ from ..run_identity import identity_json
 from ..runner.failures import GraderFailed
 from ..workspace import Workspace
 from .engine import Engine
-from .methods import Method, method, trainer_methods
+from .methods import DEFAULT_METHOD, Method, method, trainer_methods
 from .result import RunCosts, TrainResult
 from .shared_seed import SharedSeed
 from .view import TrainView
@@ -47,7 +47,7 @@ class Arm:
         return method(self.name)
 
 
-async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Console | None = None,
+async def train_async(config: Config, arm: str | Arm = DEFAULT_METHOD, console: Console | None = None,
                       ws: Workspace | None = None, shared_seed: SharedSeed | None = None) -> TrainResult:
     """Train one arm under `config` (or `arm.config`), resuming a previous run of the same config.
     `shared_seed`: the seed evaluation this arm shares with the other arms of a compare seed."""
@@ -84,6 +84,6 @@ async def train_async(config: Config, arm: str | Arm = "ecdysis", console: Conso
     return result
 
 
-def train(config: Config, arm: str | Arm = "ecdysis", console: Console | None = None) -> TrainResult:
+def train(config: Config, arm: str | Arm = DEFAULT_METHOD, console: Console | None = None) -> TrainResult:
     """Train a harness from `config` (resuming a previous run of the same config) and return the result."""
     return asyncio.run(train_async(config, arm, console))

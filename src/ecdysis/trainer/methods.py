@@ -95,3 +95,7 @@ register(Method("ecdysis", "aggregated patterns, the FDCR debate", "engine", Rou
                 lambda: AnalystProposer("ecdysis", debate=True), LIBRARY))
 register(Method("gepa", "GEPA evolving the text layers", "gepa"))
 register(Method("best-of-k", "the fixed harness sampled k times at ecdysis's spend", "sample", spend_of="ecdysis"))
+
+# What `ecdysis train` runs without --arm: the registered rule's outcome on the designed suite's 8 seeds
+# (benchmarks/designed/README.md, "The default method"): neither aggregation nor the debate showed a gain there.
+DEFAULT_METHOD = "serial+library"
