@@ -196,9 +196,10 @@ def with_verified_levers(spec: HarnessSpec, patterns: list[Pattern]) -> tuple[Ha
         changes = [*spec.changes, change] if len(spec.changes) < limit else [*spec.changes[:-1], change]
         spec = spec.model_copy(update={"changes": changes,
                                        "patterns_addressed": sorted({*spec.patterns_addressed, p.id})})
+        # a full spec whose last slot two patterns' levers take in turn (each leaves the other ignored) repeats
         state = spec.model_dump_json()
-        if state in seen:  # a full spec whose last change two patterns' levers take in turn (each leaves the
-            added.append(f"stopped: {limit} changes leave no room for every measured lever")  # other ignored)
+        if state in seen:
+            added.append(f"stopped: {limit} changes leave no room for every measured lever")
             break
         seen.add(state)
         added.append(f"enable_repair {'+'.join(names)} for {p.id}")
