@@ -216,6 +216,9 @@ def test_train_ends_with_the_result_the_diff_and_the_report(tmp_path: Path, data
     run_id = next(w for w in out.stderr.split() if w.startswith(f"train-{DEFAULT_METHOD}-"))  # no --arm: the default
     assert f"new run {run_id}" in out.stderr
     assert "Held-out test" in out.stdout and "What changed" in out.stdout and "round 1:" in out.stdout
+    decided = out.stdout.count("decision: ")  # one line per per-failure step, naming its target task
+    assert decided >= 1 and out.stdout.count("decision: accepted (serial edit for ") + \
+        out.stdout.count("decision: rejected (serial edit for ") == decided, out.stdout
     report = tmp_path / "proj" / "runs" / f"report-{run_id}.html"
     assert f"Report {report.resolve()}" in out.stdout and report.stat().st_size > 1000
     tail = out.stdout.strip().splitlines()

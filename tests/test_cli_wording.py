@@ -282,3 +282,20 @@ def test_from_traces_without_gold_says_it_wrote_no_candidate(tmp_path: Path) -> 
     as_json = ecdysis("train", "--from-traces", "store", "--out", "again", "--json", cwd=tmp_path)
     report = json.loads(as_json.stdout)
     assert report["candidate_id"] is None and report["no_candidate"].startswith("no built-in H2 repair")
+
+
+def test_a_per_failure_step_prints_one_decision_naming_its_task(tmp_path: Path) -> None:
+    rows = [{"id": f"{g[0]}{i}", "prompt": f"Which topic: {text}", "answer": g,
+             "split": "train" if i < 3 else "val" if i < 5 else "test"}
+            for g, texts in TOPICS.items() for i, text in enumerate(texts)]
+    config = suite(tmp_path, "topics", rows)
+    out = ecdysis("train", "-c", str(config), "--model", "scripted:Answer: sports", "--run-dir", "r",
+                  "--roles-model", f"scripted:{json.dumps(CAREFUL_RULE)}", "--set", "train.rounds=1",
+                  "--set", "train.acceptance=strict", cwd=tmp_path)  # the default method: a step per failing task
+    assert out.returncode == 0, out.stdout + out.stderr
+    decisions = [line for line in out.stdout.splitlines() if line.startswith("decision: ")]
+    validated = [line for line in decisions if "val 0.500 -> " in line]  # a candidate ran on val
+    assert validated, out.stdout
+    assert all(re.match(r"decision: (accepted|rejected) \(serial edit for p\d, ", line) for line in decisions), \
+        decisions
+    assert len(decisions) == len(set(decisions)), decisions  # one line a step, not the engine's and the schedule's

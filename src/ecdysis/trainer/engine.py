@@ -206,7 +206,8 @@ class Engine(TrainContext):
         if len(versions) > 1:
             out.reason = f"{out.variant} (picked on train): {out.reason}"
         what = f"the library's {out.library}" if replaced else out.variant
-        self.view.decision(out.accepted, f"{what}: {out.reason}")
+        target_note = f"serial edit for {target}, " if target else ""  # per-failure schedules name their target
+        self.view.decision(out.accepted, f"{target_note}{what}: {out.reason}")
         return out
 
     async def propose(self, ev: Evidence, key: str, target: str | None) -> Proposal:

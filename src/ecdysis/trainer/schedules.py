@@ -162,8 +162,9 @@ class PerFailureSchedule(Schedule):
 
     @staticmethod
     async def _edit(loop: Loop, key: str, ev: Evidence, task: str) -> SerialEdit:
-        out = await loop.attempt(key, ev, task)
-        loop.view.decision(out.accepted, f"serial edit for {task} ({out.variant}): {out.reason}")
+        out = await loop.attempt(key, ev, task)  # prints the decision of a validated candidate, naming the task
+        if out.candidate is None:  # the step ended before any candidate was validated
+            loop.view.decision(False, f"serial edit for {task}: {out.reason}")
         loop.point(key, loop.store.load_version(out.harness_after(ev.current)), out.accepted, out.taken)
         return SerialEdit(task=task, accepted=out.accepted, reason=out.reason, variant=out.variant,
                           harness=out.candidate, tried=out.tried, decided_on=out.decided_on,
