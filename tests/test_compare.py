@@ -197,6 +197,12 @@ def test_ratios_and_times_are_read_off_the_curves() -> None:
     add_ratios([flat, other])
     assert other.time_to_serial_acc_s is None and other.speedup_to_serial_acc is None
     assert other.speedup_to_serial_acc_after_seed is None and other.speedup_vs_serial == pytest.approx(4 / 3)
+    # a fix measured by replay right after the seed evaluation (0.2 charged s): the after-seed time counts as 1 s
+    replayed = ArmResult("serial+library", 0, train_wall_s=400.0, harness_id="r1",
+                         curve=[pt("serial+library", 0, "h0", 0.0, 0, 10), pt("serial+library", 1, "r1", 0.5, 0.2, 10)])
+    add_ratios([serial, replayed])
+    assert replayed.speedup_to_serial_acc == pytest.approx(300 / 0.2)  # both times include the seed eval at 0
+    assert replayed.speedup_to_serial_acc_after_seed == pytest.approx(300.0)  # 300 s over the 1 s floor
 
 
 def test_compares_of_different_seeds_pool_into_one_summary(tmp_path: Path) -> None:
