@@ -205,18 +205,22 @@ SLOW_ACTION = (
 )
 
 
-@pytest.mark.parametrize(("signum", "status"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(("signum", "status", "sigint"), [(signal.SIGINT, 130, signal.SIG_DFL),
+                                                         (signal.SIGTERM, 143, signal.SIG_DFL),
+                                                         (signal.SIGTERM, 143, signal.SIG_IGN)])
 def test_an_interrupted_eval_is_marked_interrupted_and_resumes(tmp_path: Path, data_dir: Path, signum: int,
-                                                                 status: int) -> None:
+                                                                 status: int, sigint: signal.Handlers) -> None:
+    """SIGINT as a terminal's Ctrl-C; SIGTERM to a foreground command and to a background job (whose SIGINT is
+    ignored, as `cmd &` in a script leaves it): each prints one message, no traceback, and loses nothing."""
     assert ecdysis("init", "proj", cwd=tmp_path).returncode == 0
     (tmp_path / "proj" / "harness" / "action.py").write_text(SLOW_ACTION)
     args = [sys.executable, "-m", "ecdysis", "eval", "--harness", "proj/harness", "--model", "scripted:Answer: 1",
             "--limit", "8", "--concurrency", "1", "--data-dir", str(data_dir), "--run-dir", "r"]
-    # its own process group, as a terminal's Ctrl-C reaches every process of the foreground job; SIGINT handled
-    # as in a terminal even when the test suite itself runs as a background job (which ignores SIGINT)
+    # its own process group, as a terminal's Ctrl-C reaches every process of the foreground job; SIGINT's
+    # disposition set here whatever the test suite's own is (a background job ignores SIGINT)
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # noqa: PLW1509
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))  # noqa: PLW1509
     db, done, deadline = tmp_path / "r" / DB_NAME, 0, time.time() + 90
     while done < 2 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
@@ -231,7 +235,8 @@ def test_an_interrupted_eval_is_marked_interrupted_and_resumes(tmp_path: Path, d
         proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == status, err
-    assert "interrupted; run the same command to resume" in err and "Traceback" not in err
+    assert "interrupted; run the same command to resume" in err and "Traceback" not in err, err
+    assert err.count("interrupted; run the same command") == 1 and "Event loop is closed" not in err, err
     (run,) = json.loads(ecdysis("runs", "list", "--run-dir", "r", "--json", cwd=tmp_path).stdout)
     assert run["status"] == "interrupted" and run["id"] in err
     assert "interrupted" in ecdysis("runs", "list", "--run-dir", "r", cwd=tmp_path).stdout
@@ -243,6 +248,43 @@ def test_an_interrupted_eval_is_marked_interrupted_and_resumes(tmp_path: Path, d
     (resumed,) = json.loads(ecdysis("runs", "list", "--run-dir", "r", "--json", cwd=tmp_path).stdout)
     assert resumed["status"] == "finished"
     assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM trajectories").fetchone()[0] == 8
+
+
+SIGTERM_MID_STEP = """
+import asyncio, os, signal, sys, time
+from ecdysis.cli.exits import run_async, run_guarded
+
+async def episode(i):
+    while True:
+        time.sleep(0.01)  # synchronous work inside a task's step, as a model's session release is
+        if i == 1 and not sent:
+            sent.append(1)
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives in this task's step, not in the command's
+        await asyncio.sleep(0)
+
+async def command():
+    try:
+        await asyncio.gather(*(episode(i) for i in range(3)))
+    finally:
+        await asyncio.sleep(0.05)  # a cleanup that awaits
+        print("cleaned up", flush=True)
+
+sent = []
+run_guarded(lambda: run_async(command()), debug=False)
+"""
+
+
+def test_sigterm_to_a_background_job_cancels_the_command_not_the_step_it_lands_in(tmp_path: Path) -> None:
+    """With SIGINT ignored (a background job), SIGTERM arriving in the middle of some task's step used to raise
+    KeyboardInterrupt there: "Task exception was never retrieved" and a traceback after the message. Now the loop
+    takes it: the command's task is cancelled, its cleanup runs, one message, exit 143."""
+    script = tmp_path / "cmd.py"
+    script.write_text(SIGTERM_MID_STEP)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # noqa: PLW1509
+    assert out.returncode == 143, out.stderr
+    assert out.stdout == "cleaned up\n"
+    assert out.stderr.strip() == "interrupted", out.stderr
 
 
 def test_a_finished_compare_leaves_no_run_running(tmp_path: Path, data_dir: Path) -> None:

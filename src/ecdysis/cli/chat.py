@@ -3,7 +3,6 @@ GGUF catalog)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Annotated
@@ -14,6 +13,7 @@ from ..models import ChatRequest, GenerationParams, Message, ModelConfigError, b
 from . import views
 from .common import JsonOpt, console, fail
 from .config_flags import USER_ERRORS
+from .exits import run_async
 
 
 def chat(
@@ -28,7 +28,7 @@ def chat(
         backend = build_model(model)
         schema = json.loads(json_schema.read_text()) if json_schema else None
         params = GenerationParams(max_tokens=max_tokens, temperature=temperature, json_schema=schema)
-        response = asyncio.run(backend.chat(ChatRequest(messages=[Message(role="user", content=prompt)],
+        response = run_async(backend.chat(ChatRequest(messages=[Message(role="user", content=prompt)],
                                                         params=params)))
     except USER_ERRORS as exc:
         fail(str(exc))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from pathlib import Path
 from typing import Annotated
@@ -13,6 +12,7 @@ from ..run_identity import identity_json
 from . import failure_views, views
 from .common import ConfigOpt, ExecutorOpt, JsonOpt, RayAddressOpt, console, fail
 from .config_flags import USER_ERRORS, SetOpt, build_config
+from .exits import run_async
 
 
 def eval_cmd(
@@ -67,7 +67,7 @@ def eval_cmd(
                              + ",".join(task_ids or []).encode()).hexdigest()[:10]
         run_id = ws.store.start_run("eval", cfg.model_dump(mode="json"), run_id=f"eval-{key}")
         runner = ws.runner(run_id)
-        summary = asyncio.run(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
+        summary = run_async(runner.evaluate(version, tasks, cfg.eval.trials, cfg.eval.split, "eval"))
         ws.store.finish_run(run_id, summary.to_dict())
     except USER_ERRORS as exc:
         fail(str(exc))

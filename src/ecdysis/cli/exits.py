@@ -11,11 +11,13 @@ A run the command started and did not finish is not left `running`: it is marked
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType
+from typing import Any, TypeVar
 
 from rich.markup import escape
 
@@ -23,14 +25,46 @@ from ..store import mark_open_runs
 from .common import err_console
 
 _received: list[int] = []  # the signal that stopped the command, if one did
+T = TypeVar("T")
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM takes Ctrl-C's path (asyncio cancels the running command, which cleans up on the way out)."""
+    """SIGTERM outside an event loop takes Ctrl-C's path (`run_async` handles it inside one)."""
     _received.append(signum)
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # a background job ignores SIGINT: raise it here
         raise KeyboardInterrupt
     signal.raise_signal(signal.SIGINT)
+
+
+def run_async(command: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(command)` for a CLI command: SIGTERM stops it as asyncio stops one on Ctrl-C. The loop takes the
+    signal (never a KeyboardInterrupt raised in whatever frame runs, e.g. a cleanup of a closing loop, when a
+    background job's SIGINT is ignored), cancels the command's task once, lets it unwind through its cleanups,
+    then raises KeyboardInterrupt for `run_guarded` (exit 143, runs marked interrupted)."""
+
+    async def main() -> T:
+        task, loop = asyncio.current_task(), asyncio.get_running_loop()
+        assert task is not None
+
+        def stop() -> None:
+            if not _received:  # a repeated SIGTERM does not cut the cleanup the first one started
+                _received.append(signal.SIGTERM)
+                task.cancel()
+
+        before = signal.getsignal(signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGTERM, stop)
+        try:
+            return await command
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)  # leaves SIG_DFL: put back the handler it replaced
+            signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+
+    try:
+        return asyncio.run(main())
+    except asyncio.CancelledError:
+        if _received:
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _interrupted(exc: BaseException | None) -> bool:

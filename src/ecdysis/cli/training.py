@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from ..trainer.methods import DEFAULT_METHOD, METHODS, help_text, trainer_method
 from . import failure_views, views
 from .common import ConfigOpt, ExecutorOpt, RayAddressOpt, console, fail, role_flags
 from .config_flags import USER_ERRORS, SetOpt, build_config
+from .exits import run_async
 
 
 def train(
@@ -59,7 +59,7 @@ def train(
             "run.executor": executor, "run.ray_address": ray_address, "run.progress": False if as_json else None,
         })
         ws = AnnouncingWorkspace.open(cfg)
-        result = asyncio.run(train_async(cfg, arm=arm, console=None if as_json else console, ws=ws))
+        result = run_async(train_async(cfg, arm=arm, console=None if as_json else console, ws=ws))
     except GraderFailed as exc:
         failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
@@ -110,7 +110,7 @@ def compare(
                                             "agent.model": model, "user.model": user_model,
                                             **role_flags(roles_model)})
         start = time.perf_counter()
-        results = asyncio.run(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
+        results = run_async(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
                                           transfer_model, open_workspace=AnnouncingWorkspace.open))
     except GraderFailed as exc:
         failure_views.exit_training_grader_failed(console, exc)
