@@ -29,7 +29,7 @@ def chat(
         schema = json.loads(json_schema.read_text()) if json_schema else None
         params = GenerationParams(max_tokens=max_tokens, temperature=temperature, json_schema=schema)
         response = run_async(backend.chat(ChatRequest(messages=[Message(role="user", content=prompt)],
-                                                        params=params)))
+                                                       params=params)))
     except USER_ERRORS as exc:
         fail(str(exc))
         return

@@ -111,7 +111,7 @@ def compare(
                                             **role_flags(roles_model)})
         start = time.perf_counter()
         results = run_async(run_compare(cfg, [a.strip() for a in arms.split(",") if a.strip()], seeds,
-                                          transfer_model, open_workspace=AnnouncingWorkspace.open))
+                                         transfer_model, open_workspace=AnnouncingWorkspace.open))
     except GraderFailed as exc:
         failure_views.exit_training_grader_failed(console, exc)
     except USER_ERRORS as exc:
